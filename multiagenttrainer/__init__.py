@@ -1,0 +1,8 @@
+"""MultiAgentTrainer: code and knowledge bases in, a training corpus, experiments and fine-tuned models out."""
+
+from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.errors import ConfigError, MatError, SourceError
+
+__version__ = "0.1.0"
+
+__all__ = ["Config", "ConfigError", "MatError", "SourceError", "__version__", "load_config"]

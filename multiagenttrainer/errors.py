@@ -1,0 +1,66 @@
+"""The exceptions mat raises on purpose.
+
+    MatError                      anything the user can act on; the CLI prints one line, no traceback
+    ├── ConfigError               the YAML or the command line is wrong          -> exit code 2
+    ├── SourceError               one data source could not be fetched           -> exit code 1
+    │   └── TransientSourceError  ...for a reason that may pass (network, 5xx, rate limit); retried
+    ├── CorpusError               the corpus could not be built or read          -> exit code 1
+    ├── ServerError               the local Prefect server could not be started  -> exit code 1
+    ├── MachineError              an execution target is unreachable or broken   -> exit code 1
+    ├── ExperimentError           a training experiment could not be run         -> exit code 1
+    └── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+
+Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
+and messages never contain credentials.
+"""
+
+from __future__ import annotations
+
+
+class MatError(Exception):
+    """Base class: a failure with a message that tells the user what to do."""
+
+    exit_code = 1
+
+
+class ConfigError(MatError):
+    """The configuration is invalid; `problems` lists every issue found."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class SourceError(MatError):
+    """A source failed; the message names the source and the fix."""
+
+    def __init__(self, source: str, message: str) -> None:
+        self.source = source
+        self.reason = message
+        super().__init__(f"source {source!r}: {message}")
+
+
+class TransientSourceError(SourceError):
+    """A source failed for a reason that may go away on retry (network, 5xx, rate limit)."""
+
+
+class CorpusError(MatError):
+    """The corpus could not be built or read."""
+
+
+class ServerError(MatError):
+    """The local Prefect server could not be started, found or stopped."""
+
+
+class MachineError(MatError):
+    """An execution target could not be reached or used."""
+
+
+class ExperimentError(MatError):
+    """A training experiment could not be run."""
+
+
+class BackendError(MatError):
+    """A fine-tuning backend failed or refused a request."""

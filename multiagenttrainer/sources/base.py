@@ -1,0 +1,102 @@
+"""What every source type provides, and the snapshot it hands to the corpus builder.
+
+A source is resolved (a cheap look-up of what it would fetch, e.g. a remote HEAD SHA), then
+fetched into the staging directory. Fetching returns a `Snapshot`: plain data naming the file
+trees to read, so it can cross process boundaries (Prefect tasks pass it as JSON).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from multiagenttrainer.config import GithubConfig
+
+TreeKind = Literal["dir", "git", "docs"]
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One row of `mat sources`."""
+
+    name: str
+    type: str
+    location: str
+    branch: str | None = None
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A set of files produced by a fetch.
+
+    kind "dir":  `path` is a directory on disk (a work tree or a plain folder).
+    kind "git":  `path` is a bare git repository; files are read from `commit`'s tree.
+    kind "docs": `path` is a JSONL file of {"path": provenance, "text": ...} records.
+    """
+
+    repo: str
+    kind: TreeKind
+    path: str
+    commit: str | None = None
+
+
+@dataclass
+class Snapshot:
+    """The result of fetching one source; JSON-serialisable."""
+
+    source: str
+    type: str
+    version: str
+    trees: list[Tree] = field(default_factory=list)
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
+        values = dict(data)
+        values["trees"] = [Tree(**tree) for tree in values.get("trees", [])]
+        return cls(**values)
+
+    def is_present(self) -> bool:
+        """Whether every tree this snapshot names still exists on disk."""
+        return all(Path(tree.path).exists() for tree in self.trees)
+
+
+@dataclass(frozen=True)
+class SourceContext:
+    """Settings every source may need; secrets are read from `env`, never from the config file."""
+
+    github: GithubConfig = field(default_factory=GithubConfig)
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    timeout_s: float = 30.0
+
+    def secret(self, variable: str | None) -> str | None:
+        """The value of an environment variable holding a token, or None when unset or empty."""
+        if not variable:
+            return None
+        return self.env.get(variable) or None
+
+
+class Source(Protocol):
+    """One configured data source."""
+
+    name: str
+
+    def describe(self) -> SourceInfo:
+        """Name, type, location and branch, without touching the network."""
+        ...
+
+    def resolve(self) -> str | None:
+        """A cheap key for what `fetch` would produce (commit SHAs), or None when unknowable."""
+        ...
+
+    def fetch(self, staging: Path) -> Snapshot:
+        """Fetch into `staging` (a directory owned by this source) and describe the result."""
+        ...

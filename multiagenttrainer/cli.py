@@ -1,0 +1,263 @@
+"""The `mat` command: parse arguments, load the config, call a flow or the library, render the result.
+
+Prefect is imported only by the commands that run flows, after `configure_prefect_environment()`
+has pointed it at a running `mat server` (if any), so read-only commands stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from multiagenttrainer import __version__
+from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.errors import ConfigError, MatError
+
+app = typer.Typer(
+    name="mat",
+    help="MultiAgentTrainer: build a training corpus from your code, run training experiments, fine-tune models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
+server_app = typer.Typer(help="Run a local Prefect server that later mat commands use.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+app.add_typer(server_app, name="server")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Config file (default: ./multiagenttrainer.yaml).", show_default=False),
+]
+RepoOption = Annotated[
+    list[str] | None,
+    typer.Option("--repo", "-r", help="Extra repository, owner/repo or a git URL; repeatable.", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+
+
+def fail(error: MatError) -> NoReturn:
+    """Print a MatError as red lines (no traceback) and exit with its code."""
+    lines = error.problems if isinstance(error, ConfigError) else [str(error)]
+    for line in lines:
+        err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
+    raise typer.Exit(error.exit_code)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        out.print(f"mat {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    """MultiAgentTrainer (mat)."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
+    """The config file plus any `--repo` arguments as extra sources."""
+    from multiagenttrainer.sources.registry import repo_argument_to_source
+
+    cfg = load_config(config)
+    extra = [repo_argument_to_source(r, cfg.github) for r in repos or []]
+    if extra:
+        cfg = cfg.model_copy(update={"sources": [*cfg.sources, *extra]})
+    return cfg
+
+
+@config_app.command("validate")
+def config_validate(
+    path: Annotated[Path, typer.Argument(help="Config file to check.")] = Path("multiagenttrainer.yaml"),
+) -> None:
+    """Check a config file against the schema (hosts and paths are not contacted)."""
+    try:
+        cfg = load_config(path)
+    except MatError as exc:
+        fail(exc)
+    counts = f"{len(cfg.sources)} sources, {len(cfg.machines)} machines, {len(cfg.finetuner.targets)} targets"
+    out.print(f"{path}: valid ({counts})")
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@app.command()
+def sources(config: ConfigOption = None, repo: RepoOption = None, as_json: JsonOption = False) -> None:
+    """List the configured data sources."""
+    from multiagenttrainer.sources import SourceContext, make_sources
+
+    try:
+        cfg = load_with_repos(config, repo)
+        rows = [s.describe() for s in make_sources(cfg.sources, SourceContext(github=cfg.github))]
+    except MatError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(data=[vars(r) for r in rows])
+        return
+    if not rows:
+        out.print("No sources configured: add a `sources:` list to the config or pass --repo owner/repo.")
+        return
+    table = Table("name", "type", "location", "branch", title=None, box=None, header_style="bold")
+    for row in rows:
+        table.add_row(row.name, row.type, row.location, row.branch or "(default)")
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+@app.command()
+def ingest(
+    config: ConfigOption = None,
+    repo: RepoOption = None,
+    corpus_dir: Annotated[
+        Path | None, typer.Option("--corpus-dir", help="Where to write the corpus (default: corpus.dir).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fetch every source and build the corpus (corpus.txt, corpus.jsonl, stats.json)."""
+    from multiagenttrainer.errors import IngestIncomplete
+    from multiagenttrainer.render import IngestReporter, render_ingest_summary
+
+    try:
+        load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
+    except MatError as exc:
+        fail(exc)
+    flows_ingest = import_flows("ingest")
+    reporter = IngestReporter(err, enabled=not as_json and err.is_terminal)
+    summary: dict[str, Any]
+    code = 0
+    try:
+        with reporter:
+            summary = flows_ingest.run_ingest(
+                config_path=str(config) if config else None,
+                repos=list(repo or []),
+                corpus_dir=str(corpus_dir) if corpus_dir else None,
+                progress=reporter,
+            )
+    except IngestIncomplete as exc:
+        summary, code = exc.summary, 1
+    except MatError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(data=summary["stats"])
+    else:
+        render_ingest_summary(out, summary)
+    for failure in summary.get("failures", []):
+        err.print(f"[red]failed:[/red] {failure['source']}: {failure['error']}")
+    raise typer.Exit(code)
+
+
+def import_flows(name: str) -> Any:
+    """Import a flow module after pointing Prefect at a running mat server (or ephemeral mode)."""
+    import importlib
+
+    from multiagenttrainer.server import configure_prefect_environment
+
+    configure_prefect_environment()
+    return importlib.import_module(f"flows.{name}")
+
+
+# --------------------------------------------------------------------------- server
+
+
+@server_app.command("start")
+def server_start(
+    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default 4200 or the next free one).")] = None,
+) -> None:
+    """Start a local Prefect server (SQLite, UI on) in the background."""
+    from multiagenttrainer.server import start_server
+
+    try:
+        info = start_server(port=port)
+    except MatError as exc:
+        fail(exc)
+    out.print(f"Prefect server running at {info.ui_url} (API {info.api_url}, pid {info.pid}).")
+    out.print("Later mat commands use it automatically; stop it with `mat server stop`.")
+
+
+@server_app.command("stop")
+def server_stop() -> None:
+    """Stop the local Prefect server started by `mat server start`."""
+    from multiagenttrainer.server import stop_server
+
+    try:
+        stopped = stop_server()
+    except MatError as exc:
+        fail(exc)
+    out.print("Prefect server stopped." if stopped else "No mat Prefect server was running.")
+
+
+@server_app.command("status")
+def server_status_command(as_json: JsonOption = False) -> None:
+    """Show whether the local Prefect server is running."""
+    from multiagenttrainer.server import server_status
+
+    info = server_status()
+    if as_json:
+        out.print_json(data=info.to_dict() if info else {"running": False})
+        return
+    if info is None:
+        out.print("No mat Prefect server is running; start one with `mat server start`.")
+        raise typer.Exit(1)
+    health = "healthy" if info.healthy else "not answering"
+    out.print(f"Prefect server {health} at {info.ui_url} (pid {info.pid}, up {info.uptime_s:.0f} s).")
+    if not info.healthy:
+        raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+@app.command()
+def deploy(
+    work_pool: Annotated[str, typer.Option(help="Process work pool to deploy to.")] = "mat-local",
+) -> None:
+    """Create the work pool and register the deployments in prefect.yaml with the running server."""
+    from multiagenttrainer.server import configure_prefect_environment
+
+    configure_prefect_environment()
+    from deployments.register import register_deployments
+
+    try:
+        names = register_deployments(project_dir(), work_pool=work_pool)
+    except MatError as exc:
+        fail(exc)
+    for name in names:
+        out.print(f"deployed {name} on work pool {work_pool}")
+    out.print(f"Start a worker with: prefect worker start --pool {work_pool}")
+
+
+def project_dir() -> Path:
+    """The directory holding prefect.yaml, flows/ and tasks/ (the repository root)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -64,16 +64,45 @@ def _translate(exc: BaseException, url: str) -> GitFetchError:
     if isinstance(exc, NotGitRepository):
         return GitFetchError(f"no git repository at {where}; check the URL")
     text = str(exc)
-    if isinstance(exc, GitProtocolError) and ("404" in text or "not found" in text.lower()):
+    if isinstance(exc, GitProtocolError) and ("404" in text or _says_not_found(text)):
         return GitFetchError(f"repository not found at {where}; check the URL and that the token can read it")
     if isinstance(exc, GitProtocolError) and "403" in text:
         return GitFetchError(f"access denied to {where}; the token lacks read access")
     if isinstance(exc, HangupException):
         return GitFetchError(f"the server at {where} hung up; check the URL and access rights", transient=True)
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError | socket.timeout | GitProtocolError):
-        reason = text.replace(url, where) if url != where else text
-        return GitFetchError(f"cannot reach {where}: {reason[:200]}", transient=True)
+        reason = _network_reason(text.replace(url, where) if url != where else text)
+        advice = "check the host and port, or retry later"
+        return GitFetchError(f"cannot reach {where}: {reason}; {advice}", transient=True)
     return GitFetchError(f"git error for {where}: {type(exc).__name__}: {text[:200]}")
+
+
+# How git daemon and ssh servers say a repository is missing (or hidden).
+NOT_FOUND_PHRASES = (
+    "not found",
+    "no such repository",
+    "not exported",
+    "does not appear to be a git repository",
+)
+
+# Short reasons for the usual socket failures, instead of urllib3's long reprs.
+NETWORK_REASONS = {
+    "refused": "connection refused",
+    "timed out": "timed out",
+    "name or service not known": "unknown host",
+    "name resolution": "unknown host",
+    "nodename nor servname": "unknown host",
+    "network is unreachable": "network unreachable",
+}
+
+
+def _says_not_found(text: str) -> bool:
+    return any(phrase in text.lower() for phrase in NOT_FOUND_PHRASES)
+
+
+def _network_reason(text: str) -> str:
+    lowered = text.lower()
+    return next((reason for needle, reason in NETWORK_REASONS.items() if needle in lowered), text[:200])
 
 
 def _strip_secrets(message: str, credentials: GitCredentials | None) -> str:

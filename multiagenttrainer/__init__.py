@@ -2,7 +2,17 @@
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import ConfigError, MatError, SourceError
+from multiagenttrainer.ingest import Ingester, IngestResult
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "MatError", "SourceError", "__version__", "load_config"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "IngestResult",
+    "Ingester",
+    "MatError",
+    "SourceError",
+    "__version__",
+    "load_config",
+]

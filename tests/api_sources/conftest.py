@@ -1,0 +1,95 @@
+"""Fixtures for the API-backed sources: a fake GitHub REST server and a fake Bedrock endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from multiagenttrainer.config import GithubConfig, GithubOrgSource
+from multiagenttrainer.sources.base import SourceContext
+from multiagenttrainer.sources.github_org import GithubOrg
+from tests.api_sources.bare_repos import commit_files
+from tests.api_sources.fake_bedrock import FakeBedrock
+from tests.api_sources.fake_github import FakeGithub, FakeRepo
+
+WEB_URL = "https://github.example.test"
+TIMEOUT_S = 5.0
+ACCESS_KEY = "AKIAFAKEACCESSKEY123"
+SECRET_KEY = "fake/secret+key/never-printed-0123456789"
+CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE",
+)
+
+
+@pytest.fixture
+def fake_github() -> Iterator[FakeGithub]:
+    with FakeGithub() as server:
+        yield server
+
+
+@pytest.fixture
+def make_org(fake_github: FakeGithub) -> Callable[..., GithubOrg]:
+    """Build a GithubOrg source against the fake API; `token=None` means no GITHUB_TOKEN."""
+
+    def build(
+        org: str = "acme", *, token: str | None = fake_github.token, web_url: str = WEB_URL, **fields: object
+    ):
+        cfg = GithubOrgSource(type="github_org", url=f"{web_url}/{org}", **fields)
+        env = {"GITHUB_TOKEN": token} if token else {}
+        ctx = SourceContext(
+            github=GithubConfig(web_url=web_url, api_url=fake_github.url), env=env, timeout_s=TIMEOUT_S
+        )
+        return GithubOrg(cfg, f"org-{org}", ctx)
+
+    return build
+
+
+@pytest.fixture
+def git_org(tmp_path: Path, fake_github: FakeGithub) -> dict[str, Path]:
+    """Organisation `acme` with three real bare repositories (file:// clone URLs), one of them private."""
+    names = {"alpha": False, "beta": True, "gamma": False}
+    paths = {}
+    for name in names:
+        path = tmp_path / "remote" / "acme" / f"{name}.git"
+        commit_files(path, {"README.md": f"# {name}\n", f"{name}.py": f"NAME = {name!r}\n"})
+        paths[name] = path
+    fake_github.orgs["acme"] = [
+        FakeRepo(name, f"file://{paths[name]}", private) for name, private in names.items()
+    ]
+    return paths
+
+
+@pytest.fixture
+def fake_bedrock() -> Iterator[FakeBedrock]:
+    with FakeBedrock() as server:
+        yield server
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path, fake_bedrock):
+    """Fake credentials in env vars, no config files, no instance metadata, boto3 pointed at the fake."""
+    for name in CREDENTIAL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENT_RUNTIME", fake_bedrock.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    return monkeypatch

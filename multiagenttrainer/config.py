@@ -321,7 +321,7 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
     Raises ConfigError listing every problem as ``path: message (file:line)``.
     """
     explicit = path is not None
-    file = Path(path) if explicit else Path(DEFAULT_CONFIG_FILE)
+    file = Path(path) if path is not None else Path(DEFAULT_CONFIG_FILE)
     if not file.is_file():
         if explicit or required:
             raise ConfigError(
@@ -366,7 +366,8 @@ def parse_yaml_with_lines(text: str, filename: str) -> tuple[dict[str, Any], dic
     if not isinstance(data, dict):
         raise ConfigError(f"<root>: expected a mapping of sections such as `sources:` ({filename}:1)")
     lines: dict[tuple[Any, ...], int] = {}
-    _record_lines(node, (), lines)
+    if node is not None:
+        _record_lines(node, (), lines)
     return data, lines
 
 

@@ -12,13 +12,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import urllib3
-from dulwich.client import (
-    GitClient,
-    HangupException,
-    HTTPUnauthorized,
-    get_transport_and_path,
-)
-from dulwich.errors import GitProtocolError, NotGitRepository
+from dulwich.client import GitClient, HTTPUnauthorized, get_transport_and_path
+from dulwich.errors import GitProtocolError, HangupException, NotGitRepository
+from dulwich.objects import ObjectID
+from dulwich.refs import HEADREF, Ref
 from dulwich.repo import Repo
 
 CLONE_DEPTH = 1
@@ -53,8 +50,8 @@ def _client(url: str, credentials: GitCredentials | None, timeout_s: float) -> t
     pool = urllib3.PoolManager(
         timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s), retries=urllib3.Retry(total=1, redirect=3)
     )
-    kwargs = {"username": credentials.username, "password": credentials.password} if credentials else {}
-    return get_transport_and_path(url, pool_manager=pool, quiet=True, **kwargs)
+    username, password = (credentials.username, credentials.password) if credentials else (None, None)
+    return get_transport_and_path(url, pool_manager=pool, quiet=True, username=username, password=password)
 
 
 def _translate(exc: BaseException, url: str) -> GitFetchError:
@@ -109,7 +106,9 @@ def _strip_secrets(message: str, credentials: GitCredentials | None) -> str:
     return message.replace(credentials.password, "***") if credentials and credentials.password else message
 
 
-def ls_remote(url: str, credentials: GitCredentials | None, timeout_s: float = 30.0) -> tuple[dict[bytes, bytes], str | None]:
+def ls_remote(
+    url: str, credentials: GitCredentials | None, timeout_s: float = 30.0
+) -> tuple[dict[bytes, bytes], str | None]:
     """The remote's refs and the branch its HEAD points to (None if it does not say)."""
     try:
         client, path = _client(url, credentials, timeout_s)
@@ -117,9 +116,9 @@ def ls_remote(url: str, credentials: GitCredentials | None, timeout_s: float = 3
     except Exception as exc:  # translated at the boundary
         error = _translate(exc, url)
         raise GitFetchError(_strip_secrets(str(error), credentials), transient=error.transient) from exc
-    head = result.symrefs.get(b"HEAD", b"")
+    head = bytes(result.symrefs.get(HEADREF) or b"")
     branch = head.decode().removeprefix("refs/heads/") if head.startswith(b"refs/heads/") else None
-    return dict(result.refs), branch
+    return {bytes(name): bytes(sha) for name, sha in result.refs.items() if sha is not None}, branch
 
 
 def remote_head(
@@ -155,13 +154,13 @@ def clone_or_update(
     Returns (branch, commit SHA). Nothing is downloaded when the branch has not moved.
     """
     chosen, sha = remote_head(url, branch, credentials, timeout_s)
-    ref = f"refs/heads/{chosen}".encode()
+    ref = Ref(f"refs/heads/{chosen}".encode())
     repo = Repo(str(dest)) if (dest / "HEAD").exists() else Repo.init_bare(str(dest), mkdir=not dest.exists())
     with repo:
-        if sha.encode() not in repo.object_store:
+        if ObjectID(sha.encode()) not in repo.object_store:
             _fetch_branch(repo, url, ref, credentials, timeout_s)
-        repo.refs[ref] = sha.encode()
-        repo.refs.set_symbolic_ref(b"HEAD", ref)
+        repo.refs[ref] = ObjectID(sha.encode())
+        repo.refs.set_symbolic_ref(HEADREF, ref)
         _record_origin(repo, url)
     return chosen, sha
 

@@ -76,6 +76,7 @@ def default_name(cfg: SourceConfig) -> str:
         return repo_slug(cfg.url) or "org"
     if cfg.type == "github_repo_list":
         return "repo-list"
+    assert cfg.type == "bedrock_knowledge_base"
     return f"kb-{cfg.knowledge_base_id[-10:]}"
 
 

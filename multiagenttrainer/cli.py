@@ -6,7 +6,6 @@ has pointed it at a running `mat server` (if any), so read-only commands stay fa
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -137,7 +136,12 @@ def ingest(
     from multiagenttrainer.render import IngestReporter, render_ingest_summary
 
     try:
-        load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
+        cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
+        if not cfg.sources:
+            raise ConfigError(
+                "sources: nothing to ingest; add a `sources:` list to the config (see configs/config.example.yaml) "
+                "or pass --repo owner/repo"
+            )
     except MatError as exc:
         fail(exc)
     flows_ingest = import_flows("ingest")

@@ -1,0 +1,153 @@
+"""The real `mat` entry point, run as a user would: exit codes, output and files written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MAT = [sys.executable, "-m", "multiagenttrainer.cli"]
+PLANTED_KEY = "AKIA" + "QWERTYUIOPASDFGH"
+
+
+def mat(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [*MAT, *args], cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def write_yaml(path: Path, document: dict[str, object]) -> Path:
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    """A plain directory with a few files, one of them holding a planted AWS key."""
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "app.py").write_text("def main():\n    return 42\n")
+    (root / "pkg" / "settings.py").write_text(f'AWS_ACCESS_KEY_ID = "{PLANTED_KEY}"\n')
+    (root / "README.md").write_text("# Project\nSome words.\n")
+    return root
+
+
+def test_version() -> None:
+    result = mat("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "mat 0.1.0"
+
+
+def test_config_validate_accepts_the_quickstart() -> None:
+    result = mat("config", "validate", "configs/quickstart.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "configs/quickstart.yaml: valid (1 sources" in result.stdout
+
+
+def test_config_errors_exit_2_with_path_and_line_and_no_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources:\n  - type: remote_repo\n    brnch: main\ntraining:\n  max_experiments: 0\n")
+    result = mat("config", "validate", str(bad))
+    assert result.returncode == 2
+    assert f"sources[0].url: field required ({bad}:2)" in result.stderr
+    assert f"sources[0].brnch: unknown field" in result.stderr
+    assert f"({bad}:5)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_sources_lists_config_and_repo_arguments_as_json(tmp_path: Path, project: Path) -> None:
+    cfg = write_yaml(tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project)}]})
+    result = mat("sources", "--config", str(cfg), "--repo", "acme/widgets", "--repo", "git://h.example/x.git", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(r["name"], r["type"]) for r in rows] == [
+        ("project", "local_repo"),
+        ("acme/widgets", "github_repo"),
+        ("x", "remote_repo"),
+    ]
+    assert rows[1]["location"].startswith("https://github.com/acme/widgets")
+
+
+def test_sources_table_has_the_four_columns(tmp_path: Path, project: Path) -> None:
+    cfg = write_yaml(tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project), "name": "mine"}]})
+    result = mat("sources", "--config", str(cfg))
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0].split()
+    assert header == ["name", "type", "location", "branch"]
+    assert "mine" in result.stdout and str(project) in result.stdout
+
+
+def test_bad_repo_argument_is_a_usage_error(tmp_path: Path) -> None:
+    result = mat("sources", "--repo", "not a repo", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--repo 'not a repo': expected owner/repo or a git URL" in result.stderr
+
+
+@pytest.mark.integration
+def test_ingest_writes_the_corpus_and_redacts_secrets(prefect_api: str, tmp_path: Path, project: Path) -> None:
+    corpus = tmp_path / "corpus"
+    cfg = write_yaml(
+        tmp_path / "c.yaml",
+        {
+            "sources": [{"type": "local_repo", "path": str(project)}],
+            "corpus": {"dir": str(tmp_path / "unused"), "staging_dir": str(tmp_path / "staging")},
+        },
+    )
+    result = mat("ingest", "--config", str(cfg), "--corpus-dir", str(corpus), "--json")
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["files"] == 3
+    assert stats == json.loads((corpus / "stats.json").read_text())
+    text = (corpus / "corpus.txt").read_text()
+    assert "--- source: project | repo: project | path: pkg/app.py ---" in text
+    assert PLANTED_KEY not in text
+    assert PLANTED_KEY not in (corpus / "corpus.jsonl").read_text()
+    assert not (tmp_path / "unused").exists()
+
+    again = mat("ingest", "--config", str(cfg), "--corpus-dir", str(corpus), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["reused"] is True
+
+
+@pytest.mark.integration
+def test_ingest_keeps_good_sources_when_one_fails(prefect_api: str, tmp_path: Path, project: Path) -> None:
+    cfg = write_yaml(
+        tmp_path / "c.yaml",
+        {
+            "sources": [
+                {"type": "local_repo", "path": str(project), "name": "good"},
+                {"type": "local_repo", "path": str(tmp_path / "missing"), "name": "gone"},
+            ],
+            "corpus": {"dir": str(tmp_path / "corpus"), "staging_dir": str(tmp_path / "staging")},
+        },
+    )
+    result = mat("ingest", "--config", str(cfg))
+    assert result.returncode == 1
+    assert "failed: gone:" in result.stderr
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"Corpus: {tmp_path / 'corpus' / 'corpus.txt'}" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "corpus" / "corpus.jsonl").read_text().splitlines()]
+    assert {r["source"] for r in records} == {"good"}
+
+
+@pytest.mark.integration
+def test_ingest_without_sources_says_what_to_do(prefect_api: str, tmp_path: Path) -> None:
+    result = mat("ingest", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--repo" in result.stderr and "sources" in result.stderr
+
+
+@pytest.mark.integration
+def test_server_status_reports_the_running_server(prefect_api: str) -> None:
+    result = mat("server", "status", "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["api_url"] == prefect_api and info["healthy"] is True

@@ -4,6 +4,7 @@
     ├── ConfigError               the YAML or the command line is wrong          -> exit code 2
     ├── SourceError               one data source could not be fetched           -> exit code 1
     │   └── TransientSourceError  ...for a reason that may pass (network, 5xx, rate limit); retried
+    ├── IngestIncomplete          some sources failed; the corpus holds the rest  -> exit code 1
     ├── CorpusError               the corpus could not be built or read          -> exit code 1
     ├── ServerError               the local Prefect server could not be started  -> exit code 1
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
@@ -15,6 +16,8 @@ and messages never contain credentials.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class MatError(Exception):
@@ -44,6 +47,25 @@ class SourceError(MatError):
 
 class TransientSourceError(SourceError):
     """A source failed for a reason that may go away on retry (network, 5xx, rate limit)."""
+
+
+class IngestIncomplete(MatError):
+    """Some sources failed; the corpus was built from the others. `summary` is the ingest summary."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+        failures = summary.get("failures", [])
+        total = len(summary.get("sources", [])) or len(failures)
+        lines = [f"{len(failures)} of {total} sources failed:"]
+        lines += [f"  {failure['source']}: {failure['error']}" for failure in failures]
+        if summary.get("stats") is not None:
+            lines.append(f"The corpus in {summary.get('corpus_dir')} was built from the other sources.")
+        else:
+            lines.append("No corpus was written.")
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self) -> tuple[type[IngestIncomplete], tuple[dict[str, Any]]]:
+        return (type(self), (self.summary,))  # Prefect pickles a failed flow's exception
 
 
 class CorpusError(MatError):

@@ -1,0 +1,1 @@
+"""Prefect flows: compositions of the tasks in `tasks/`."""

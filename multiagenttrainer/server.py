@@ -1,0 +1,390 @@
+"""The local Prefect server that `mat server start` runs in the background, and how mat finds it.
+
+Prefect's ephemeral mode starts a throw-away API server inside every command (about 15 s here).
+A long-lived server on 127.0.0.1 avoids that: it keeps its SQLite database in
+``$MAT_HOME/prefect``, logs to ``$MAT_HOME/server.log`` and records itself in
+``$MAT_HOME/server.json`` ({pid, port, api_url, ui_url, started_at}), which later commands read
+through `configure_prefect_environment` before they import prefect.
+
+This module never imports prefect: it runs ``python -m prefect server start`` as a child process
+and talks to it over plain HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import MutableMapping
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from multiagenttrainer.errors import ServerError
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 4200
+PORT_SEARCH_SPAN = 100  # ports tried after DEFAULT_PORT when it is taken
+LOG_TAIL_LINES = 20
+EXTRA_LOGGER = "multiagenttrainer"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """A mat-managed Prefect server as recorded in server.json, plus what was observed now."""
+
+    pid: int
+    port: int
+    api_url: str
+    ui_url: str
+    started_at: str  # ISO 8601, UTC
+    log_file: str = ""
+    healthy: bool = False
+    alive: bool = False
+    already_running: bool = False
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since the server was started."""
+        started = datetime.fromisoformat(self.started_at)
+        return max(0.0, (datetime.now(UTC) - started).total_seconds())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything known about the server, uptime included (for `mat server status --json`)."""
+        return {**asdict(self), "uptime_s": round(self.uptime_s, 1)}
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def mat_home() -> Path:
+    """mat's own state directory: $MAT_HOME, or ~/.mat."""
+    return Path(os.environ.get("MAT_HOME") or Path.home() / ".mat").expanduser()
+
+
+def prefect_home() -> Path:
+    """The PREFECT_HOME mat uses: the local server's database, results and cache records."""
+    return mat_home() / "prefect"
+
+
+def state_file() -> Path:
+    """Where the running server is recorded."""
+    return mat_home() / "server.json"
+
+
+def log_file() -> Path:
+    """Where the server's output goes."""
+    return mat_home() / "server.log"
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def api_url_for(port: int) -> str:
+    return f"http://{HOST}:{port}/api"
+
+
+def ui_url_for(port: int) -> str:
+    return f"http://{HOST}:{port}"
+
+
+def is_healthy(api_url: str, timeout_s: float = 0.5) -> bool:
+    """Whether GET <api_url>/health answers 200 within `timeout_s`."""
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout_s) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def port_is_free(port: int) -> bool:
+    """Whether 127.0.0.1:`port` can be bound (the same test `prefect server start` makes)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(port: int | None) -> int:
+    """`port` if given and free; otherwise DEFAULT_PORT or the next free port after it."""
+    if port is not None:
+        if not port_is_free(port):
+            raise ServerError(f"port {port} on {HOST} is in use; pick another with --port or omit it")
+        return port
+    for candidate in range(DEFAULT_PORT, DEFAULT_PORT + PORT_SEARCH_SPAN):
+        if port_is_free(candidate):
+            return candidate
+    raise ServerError(
+        f"no free port between {DEFAULT_PORT} and {DEFAULT_PORT + PORT_SEARCH_SPAN - 1} on {HOST}; "
+        "free one or pass --port"
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie child of ours is reaped and counts as gone)."""
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: fall back to a signal probe
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def is_prefect_server_process(pid: int) -> bool:
+    """Whether `pid` looks like a `prefect server start` (guards against a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # no /proc (macOS): trust the state file
+    return b"prefect" in cmdline and b"server" in cmdline
+
+
+# --------------------------------------------------------------------------- state file
+
+
+def read_state() -> ServerInfo | None:
+    """The server recorded in server.json, or None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads(state_file().read_text(encoding="utf-8"))
+        return ServerInfo(
+            pid=int(data["pid"]),
+            port=int(data["port"]),
+            api_url=str(data["api_url"]),
+            ui_url=str(data["ui_url"]),
+            started_at=str(data["started_at"]),
+            log_file=str(data.get("log_file", log_file())),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_state(info: ServerInfo) -> None:
+    """Record a server in server.json (atomically, so readers never see half a file)."""
+    fields = ("pid", "port", "api_url", "ui_url", "started_at", "log_file")
+    data = {key: getattr(info, key) for key in fields}
+    tmp = state_file().with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(state_file())
+
+
+def clear_state() -> None:
+    state_file().unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def server_status(timeout_s: float = 0.5) -> ServerInfo | None:
+    """The recorded server with `alive` and `healthy` filled in, or None when none is recorded."""
+    info = read_state()
+    if info is None:
+        return None
+    alive = pid_alive(info.pid) and is_prefect_server_process(info.pid)
+    healthy = alive and is_healthy(info.api_url, timeout_s)
+    return replace(info, alive=alive, healthy=healthy)
+
+
+def discover_api_url(timeout_s: float = 0.5) -> str | None:
+    """The API URL of the running mat server, if it is recorded and answers within `timeout_s`."""
+    info = read_state()
+    if info is None or not is_healthy(info.api_url, timeout_s):
+        return None
+    return info.api_url
+
+
+def start_server(port: int | None = None, timeout_s: float = 120.0) -> ServerInfo:
+    """Start the local Prefect server in the background (or return the one already running)."""
+    mat_home().mkdir(parents=True, exist_ok=True)
+    running = _adopt_running_server(timeout_s)
+    if running is not None:
+        return running
+    chosen = choose_port(port)
+    process = _spawn_server(chosen)
+    info = ServerInfo(
+        pid=process.pid,
+        port=chosen,
+        api_url=api_url_for(chosen),
+        ui_url=ui_url_for(chosen),
+        started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        log_file=str(log_file()),
+        alive=True,
+    )
+    write_state(info)  # early, so a concurrent `mat server status` sees it starting
+    if not _wait_until_healthy(info, timeout_s, process):
+        _terminate_group(info.pid, timeout_s=10.0)
+        clear_state()
+        raise ServerError(_startup_failure_message(info, timeout_s))
+    log.info("Prefect server started at %s (pid %d)", info.ui_url, info.pid)
+    return replace(info, healthy=True)
+
+
+def stop_server(timeout_s: float = 15.0) -> bool:
+    """Stop the recorded server (SIGTERM, then SIGKILL after `timeout_s`); False when none ran."""
+    info = read_state()
+    if info is None:
+        return False
+    stopped = False
+    if pid_alive(info.pid) and is_prefect_server_process(info.pid):
+        _terminate_group(info.pid, timeout_s)
+        stopped = True
+    clear_state()
+    return stopped
+
+
+def configure_prefect_environment(env: MutableMapping[str, str] | None = None) -> str | None:
+    """Point Prefect at mat's server, or at mat's home in ephemeral mode; call before importing prefect.
+
+    Returns the API URL in use, or None for ephemeral mode. An explicit PREFECT_API_URL wins.
+    """
+    env = os.environ if env is None else env
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["PREFECT_LOGGING_EXTRA_LOGGERS"] = _with_extra_logger(env.get("PREFECT_LOGGING_EXTRA_LOGGERS", ""))
+    if "prefect" in sys.modules:
+        log.warning("prefect was imported before configure_prefect_environment(); settings may be ignored")
+    if env.get("PREFECT_API_URL"):
+        return env["PREFECT_API_URL"]
+    env["PREFECT_HOME"] = str(prefect_home())
+    # The ephemeral server cannot create its SQLite file in a missing directory, and then
+    # only reports a start-up timeout; create it up front.
+    prefect_home().mkdir(parents=True, exist_ok=True)
+    url = discover_api_url()
+    if url is not None:
+        env["PREFECT_API_URL"] = url
+        return url
+    env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    return None
+
+
+def server_environment(port: int, base: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the server process runs with: mat's PREFECT_HOME, telemetry off, UI on."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "PREFECT_HOME": str(prefect_home()),
+            "PREFECT_API_URL": api_url_for(port),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_UI_ENABLED": "true",
+            "DO_NOT_TRACK": "1",
+        }
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _with_extra_logger(current: str) -> str:
+    names = [name.strip() for name in current.split(",") if name.strip()]
+    return ",".join(names if EXTRA_LOGGER in names else [*names, EXTRA_LOGGER])
+
+
+def _adopt_running_server(timeout_s: float) -> ServerInfo | None:
+    """The recorded server if it is (or becomes) healthy; a stale record is removed."""
+    info = server_status()
+    if info is None:
+        return None
+    if info.healthy:
+        return replace(info, already_running=True)
+    if info.alive and _wait_until_healthy(info, timeout_s, process=None):
+        return replace(info, healthy=True, already_running=True)  # it was still starting
+    if info.alive:
+        raise ServerError(
+            f"a Prefect server (pid {info.pid}) is running but {info.api_url} does not answer; "
+            f"see {info.log_file}, then run `mat server stop` and start it again"
+        )
+    clear_state()
+    return None
+
+
+def _spawn_server(port: int) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "prefect", "server", "start",
+        "--host", HOST, "--port", str(port), "--analytics-off",
+    ]  # fmt: skip
+    prefect_home().mkdir(parents=True, exist_ok=True)
+    with log_file().open("ab") as log_handle:
+        log_handle.write(f"\n--- mat: starting {' '.join(command[1:])} at {datetime.now(UTC)}\n".encode())
+        log_handle.flush()
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log_handle,
+            stderr=subprocess.STDOUT,
+            env=server_environment(port),
+            cwd=str(mat_home()),
+            start_new_session=True,  # own process group: survives the CLI, stops as a group
+        )
+
+
+def _wait_until_healthy(info: ServerInfo, timeout_s: float, process: subprocess.Popen[bytes] | None) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if is_healthy(info.api_url, timeout_s=1.0):
+            return True
+        exited = process.poll() is not None if process is not None else not pid_alive(info.pid)
+        if exited:
+            return False
+        time.sleep(0.25)
+    return False
+
+
+def _terminate_group(pid: int, timeout_s: float) -> None:
+    """SIGTERM the process group led by `pid`; SIGKILL it if it is still alive after `timeout_s`."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if not pid_alive(pid):
+                return
+            time.sleep(0.1)
+    raise ServerError(f"the Prefect server (pid {pid}) did not stop after SIGKILL; check `ps -p {pid}`")
+
+
+def _startup_failure_message(info: ServerInfo, timeout_s: float) -> str:
+    tail = _log_tail(Path(info.log_file), LOG_TAIL_LINES)
+    return (
+        f"the Prefect server did not become healthy at {info.api_url} within {timeout_s:.0f} s; "
+        f"see {info.log_file}. Last lines:\n{tail}"
+    )
+
+
+def _log_tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"

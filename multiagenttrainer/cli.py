@@ -176,7 +176,17 @@ def import_flows(name: str) -> Any:
     from multiagenttrainer.server import configure_prefect_environment
 
     configure_prefect_environment()
-    return importlib.import_module(f"flows.{name}")
+    module = importlib.import_module(f"flows.{name}")
+    if not verbose_logging():
+        importlib.import_module("flows").quiet_console_logging()
+    return module
+
+
+def verbose_logging() -> bool:
+    """Whether Prefect's own log lines should reach the terminal (PREFECT_LOGGING_LEVEL=DEBUG or INFO set)."""
+    import os
+
+    return os.environ.get("PREFECT_LOGGING_LEVEL", "").upper() in {"DEBUG", "INFO"}
 
 
 # --------------------------------------------------------------------------- server

@@ -113,7 +113,7 @@ def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
     per_source = Table("source", "type", "files", "size", "commit", box=None, header_style="bold")
     for name, info in stats.get("sources", {}).items():
         commits = list((info.get("commits") or {}).values())
-        commit = (commits[0] or "")[:12] if len(commits) == 1 else f"{len(commits)} repos"
+        commit = "-" if not commits else ((commits[0] or "-")[:12] if len(commits) == 1 else f"{len(commits)} repos")
         per_source.add_row(name, info.get("type", ""), str(info.get("files", 0)), human_bytes(info.get("bytes", 0)), commit)
     console.print(per_source)
     skipped = {k: v for k, v in (stats.get("skipped") or {}).items() if v}

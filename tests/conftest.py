@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+
+import pytest
 
 # Set before anything imports prefect: its settings are read once, at import.
 _HOME = tempfile.mkdtemp(prefix="mat-test-home-")
@@ -17,3 +20,31 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 for _name in [n for n in os.environ if n.startswith("MAT_") and n != "MAT_HOME"]:
     del os.environ[_name]  # a developer's overrides must not leak into tests
+
+
+SERVER_START_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """The API URL of one Prefect server on 127.0.0.1 for the whole session (what `mat server start` runs).
+
+    Set in this process and inherited by children, so `mat` subprocesses and workers use it too.
+    """
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from multiagenttrainer import server
+
+    info = server.start_server(timeout_s=SERVER_START_TIMEOUT_S)
+    os.environ["PREFECT_API_URL"] = info.api_url
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: info.api_url}):
+            yield info.api_url
+    finally:
+        # Deliver buffered run logs and events while the server is still there to take them.
+        APILogWorker.drain_all(timeout=30)
+        EventsWorker.drain_all(timeout=30)
+        os.environ.pop("PREFECT_API_URL", None)
+        server.stop_server()

@@ -46,10 +46,10 @@ def redact_url(url: str) -> str:
 
 
 def _client(url: str, credentials: GitCredentials | None, timeout_s: float) -> tuple[GitClient, str]:
-    # One retry at most: dulwich's default pool manager retries 3 times, multiplying timeouts.
-    pool = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s), retries=urllib3.Retry(total=1, redirect=3)
-    )
+    # No transport-level retries: dulwich's default pool manager retries 3 times, multiplying
+    # timeouts and logging each attempt; retrying transient failures is the orchestrator's job.
+    retries = urllib3.Retry(total=3, connect=0, read=0, status=0, other=0, redirect=3)
+    pool = urllib3.PoolManager(timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s), retries=retries)
     username, password = (credentials.username, credentials.password) if credentials else (None, None)
     return get_transport_and_path(url, pool_manager=pool, quiet=True, username=username, password=password)
 

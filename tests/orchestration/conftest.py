@@ -1,44 +1,18 @@
-"""One real Prefect server for the whole session, plus fixture repositories and a progress recorder.
+"""Fixture repositories, a progress recorder and config writing for the orchestration tests.
 
-The server is started with `multiagenttrainer.server.start_server` under the suite's temporary
-MAT_HOME (tests/conftest.py), so it exercises the same code as `mat server start`; every test
-that runs a flow shares it instead of paying for Prefect's ephemeral mode.
+The session's Prefect server (`prefect_api`) lives in tests/conftest.py, shared with the CLI tests.
 """
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prefect.events.worker import EventsWorker
-from prefect.logging.handlers import APILogWorker
-from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from multiagenttrainer import server
 from tests.git_sources.servers import RepoFactory
-
-SERVER_START_TIMEOUT_S = 180
-
-
-@pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """The API URL of a Prefect server on 127.0.0.1, set for this process and its children."""
-    info = server.start_server(timeout_s=SERVER_START_TIMEOUT_S)
-    os.environ["PREFECT_API_URL"] = info.api_url
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: info.api_url}):
-            yield info.api_url
-    finally:
-        # Deliver buffered run logs and events while the server is still there to take them.
-        APILogWorker.drain_all(timeout=30)
-        EventsWorker.drain_all(timeout=30)
-        os.environ.pop("PREFECT_API_URL", None)
-        server.stop_server()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,158 @@
+"""run.json: the state of one training run, rewritten atomically at every step of the loop.
+
+`mat status` and `mat watch` read only these files (and results.tsv), so they work for runs
+started by any process, including several `mat train --name X &` at once.
+
+Run directory layout (`<training.output_dir>/<run_id>/`):
+    run.json        this state
+    results.tsv     autoresearch's table: commit, val_bpb, memory_gb, status, description
+    report.md       the report, rewritten after every experiment
+    progress.png    val_bpb per experiment with the running best
+    logs/           exp-000.log (training output), exp-000.agent.log (agent output), ...
+    workspace/      the git work tree the agent edits; kept commits on its branch
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from multiagenttrainer.experiments.model import ExperimentResult
+
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+Phase = Literal["setup", "agent", "training", "recording", "report"]
+RUN_FILE = "run.json"
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass
+class CurrentExperiment:
+    """The experiment in progress, for `mat watch`."""
+
+    experiment_id: int
+    phase: Phase
+    started_at: str
+    machine: str = "local"
+
+
+@dataclass
+class RunState:
+    """Everything about a run except the bulky files; one JSON document."""
+
+    run_id: str
+    name: str
+    status: RunStatus
+    max_experiments: int
+    created_at: str
+    updated_at: str
+    config: dict[str, Any] = field(default_factory=dict)
+    workspace: dict[str, Any] = field(default_factory=dict)  # how to run training in it (see workspace/setup)
+    experiments: list[ExperimentResult] = field(default_factory=list)
+    current: list[CurrentExperiment] = field(default_factory=list)
+    pid: int = 0
+    host: str = ""
+    finished_at: str | None = None
+    error: str | None = None
+    flow_run_url: str | None = None
+
+    # -- derived -------------------------------------------------------------
+
+    @property
+    def baseline(self) -> ExperimentResult | None:
+        """Experiment 0 once it has finished."""
+        return next((e for e in self.experiments if e.experiment_id == 0), None)
+
+    @property
+    def best(self) -> ExperimentResult | None:
+        """The kept experiment with the lowest val_bpb."""
+        kept = [e for e in self.experiments if e.status == "keep" and e.val_bpb is not None]
+        return min(kept, key=lambda e: e.val_bpb or 0.0) if kept else None
+
+    @property
+    def done(self) -> int:
+        return len(self.experiments)
+
+    def effective_status(self) -> RunStatus:
+        """`running` only while the process that owns the run is alive on this host."""
+        if self.status == "running" and self.host == socket.gethostname() and not pid_alive(self.pid):
+            return "interrupted"
+        return self.status
+
+    # -- persistence ---------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        best, baseline = self.best, self.baseline
+        data["best"] = {"experiment_id": best.experiment_id, "commit": best.commit, "val_bpb": best.val_bpb} if best else None
+        data["baseline_val_bpb"] = baseline.val_bpb if baseline else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        values["experiments"] = [ExperimentResult.from_dict(e) for e in data.get("experiments", [])]
+        values["current"] = [CurrentExperiment(**c) for c in data.get("current", [])]
+        return cls(**values)
+
+    def save(self, run_dir: Path) -> None:
+        """Write run.json atomically (temp file + rename), so readers never see half a file."""
+        self.updated_at = now_iso()
+        write_json_atomically(run_dir / RUN_FILE, self.to_dict())
+
+
+def load_run(run_dir: Path) -> RunState:
+    """Read a run's state."""
+    return RunState.from_dict(json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8")))
+
+
+def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:
+    """Every run under `output_dir`, oldest first; unreadable run.json files are skipped."""
+    runs = []
+    for run_file in sorted(Path(output_dir).glob(f"*/{RUN_FILE}")):
+        try:
+            runs.append((run_file.parent, load_run(run_file.parent)))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(runs, key=lambda item: item[1].created_at)
+
+
+def write_json_atomically(path: Path, data: Any) -> None:
+    """Dump JSON to a temp file in the same directory, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (and is not a zombie we could reap)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True

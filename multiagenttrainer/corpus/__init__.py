@@ -1,0 +1,45 @@
+"""The corpus: walking, filtering, dedupe, secret redaction, train/val split, and the writers.
+
+    build_corpus(snapshots, options, Path("corpus/corpus.txt"))  # + corpus.jsonl, stats.json
+
+Modules, in the order data flows through them:
+    ignore.py    .gitignore rules (git's semantics) and include/exclude globs
+    walk.py      the git-aware directory walk, and the fingerprint local sources use as version
+    filters.py   path and content rules, each a named skip reason
+    plan.py      listing every tree (dir, git, docs) into the files to read
+    secrets.py   secret redaction rules behind a literal pre-filter
+    chunks.py    the per-file hot loop, run in worker processes
+    assemble.py  stitching chunks together in order, cross-chunk dedupe, atomic outputs
+    stats.py     stats.json
+    builder.py   build_corpus: reuse when unchanged, else plan, run chunks, assemble
+"""
+
+from multiagenttrainer.corpus.assemble import CorpusPaths
+from multiagenttrainer.corpus.builder import CORPUS_FORMAT, build_corpus, corpus_fingerprint, reusable_stats
+from multiagenttrainer.corpus.ignore import GlobSet, IgnoreFile, PathSelector
+from multiagenttrainer.corpus.secrets import RULES, redact_secrets
+from multiagenttrainer.corpus.walk import (
+    DirListing,
+    WalkEvent,
+    directory_fingerprint,
+    list_directory,
+    walk_events,
+)
+
+__all__ = [
+    "CORPUS_FORMAT",
+    "RULES",
+    "CorpusPaths",
+    "DirListing",
+    "GlobSet",
+    "IgnoreFile",
+    "PathSelector",
+    "build_corpus",
+    "corpus_fingerprint",
+    "directory_fingerprint",
+    "redact_secrets",
+    "reusable_stats",
+    "WalkEvent",
+    "list_directory",
+    "walk_events",
+]

@@ -1,0 +1,112 @@
+"""Where each chunk's records go in corpus.txt and corpus.jsonl, and putting the outputs in place atomically.
+
+Both files are written in a private work directory beside the outputs. Chunks are placed in
+corpus order: records whose SHA an earlier chunk already kept are dropped, the rest get the next
+offsets in each file, and whoever holds the chunk's bytes writes them there (positioned writes,
+so worker processes write side by side without copies). On success the two files are renamed
+over the old ones and stats.json is written last: a reader that finds a stats.json therefore
+finds the files it describes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+
+from multiagenttrainer.corpus.chunks import ChunkResult, Placement
+from multiagenttrainer.errors import CorpusError
+
+
+@dataclass(frozen=True)
+class CorpusPaths:
+    """corpus.txt where the caller wants it, corpus.jsonl and stats.json beside it."""
+
+    txt: Path
+    jsonl: Path
+    stats: Path
+
+    @classmethod
+    def beside(cls, corpus_txt: Path) -> CorpusPaths:
+        directory = corpus_txt.absolute().parent
+        return cls(corpus_txt.absolute(), directory / "corpus.jsonl", directory / "stats.json")
+
+    def as_dict(self) -> dict[str, str]:
+        return {"txt": str(self.txt), "jsonl": str(self.jsonl), "stats": str(self.stats)}
+
+
+class Assembly:
+    """One build's output in progress; a context manager that removes its work directory."""
+
+    def __init__(self, paths: CorpusPaths, dedupe: bool) -> None:
+        self.paths = paths
+        self.dedupe = dedupe
+        self.seen: set[bytes] = set()
+        self.sizes = {"txt": 0, "jsonl": 0}
+        try:
+            paths.txt.parent.mkdir(parents=True, exist_ok=True)
+            self.work = Path(tempfile.mkdtemp(prefix=".corpus-build-", dir=paths.txt.parent))
+        except OSError as exc:
+            raise CorpusError(
+                f"cannot write the corpus to {paths.txt.parent}: {exc.strerror}; "
+                "choose another corpus.dir or --corpus-dir"
+            ) from exc
+        self.txt_path = str(self.work / "corpus.txt")
+        self.jsonl_path = str(self.work / "corpus.jsonl")
+        self.txt_fd = os.open(self.txt_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.jsonl_fd = os.open(self.jsonl_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self.closed = False
+
+    def __enter__(self) -> Assembly:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def place(self, result: ChunkResult) -> Placement:
+        """Decide which of the next chunk's records are kept, and reserve their bytes in both files."""
+        keep = [self._first_time(record.sha) for record in result.records]
+        placement = Placement(keep, self.sizes["txt"], self.sizes["jsonl"])
+        for record, kept in zip(result.records, keep, strict=True):
+            if kept:
+                self.sizes["txt"] += record.txt_bytes
+                self.sizes["jsonl"] += record.jsonl_bytes
+        return placement
+
+    def _first_time(self, sha: bytes) -> bool:
+        if not self.dedupe:
+            return True
+        if sha in self.seen:
+            return False
+        self.seen.add(sha)
+        return True
+
+    def commit(self, stats: dict[str, Any]) -> None:
+        """Put corpus.txt and corpus.jsonl in place, then stats.json."""
+        self.close()
+        for path, size in ((self.txt_path, self.sizes["txt"]), (self.jsonl_path, self.sizes["jsonl"])):
+            if os.path.getsize(path) != size:
+                raise CorpusError(
+                    f"{path} has {os.path.getsize(path)} bytes, {size} were placed; the build is incomplete"
+                )
+        self.paths.stats.unlink(missing_ok=True)  # it describes the files about to be replaced
+        os.replace(self.txt_path, self.paths.txt)
+        os.replace(self.jsonl_path, self.paths.jsonl)
+        staged = self.work / "stats.json"
+        staged.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
+        os.replace(staged, self.paths.stats)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.txt_fd)
+            os.close(self.jsonl_fd)

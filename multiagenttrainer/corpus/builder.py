@@ -1,0 +1,166 @@
+"""build_corpus: snapshots in, corpus.txt + corpus.jsonl + stats.json out.
+
+The build is skipped when stats.json beside the target already records the same fingerprint
+(snapshot versions and trees, corpus options, format version) and both corpus files are there
+with the sizes it records: a second `mat ingest` with nothing changed costs a file read.
+
+Otherwise the plan (plan.py) is cut into chunks of about 1 MB that worker processes turn into
+corpus bytes (chunks.py, parallel.py) and write where this process places them, in corpus order
+(assemble.py). The same inputs give byte-identical corpus files for any number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+import xxhash
+
+from multiagenttrainer.config import CorpusConfig
+from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
+from multiagenttrainer.corpus.chunks import ChunkJob, ChunkSettings
+from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
+from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
+from multiagenttrainer.corpus.stats import CorpusStats
+from multiagenttrainer.progress import IngestProgress, NullProgress
+from multiagenttrainer.sources.base import Snapshot
+
+# Bump whenever the corpus content for the same inputs changes (rules, formats), so old corpora are rebuilt.
+CORPUS_FORMAT = 1
+PARALLEL_MIN_BYTES = 16 << 20  # below this, worker processes cost more than they save
+MAX_WORKERS = 4
+
+
+def build_corpus(
+    snapshots: list[Snapshot],
+    options: CorpusConfig,
+    corpus_txt: Path,
+    progress: IngestProgress | None = None,
+    *,
+    workers: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> dict[str, Any]:
+    """Write corpus_txt and, beside it, corpus.jsonl and stats.json; return the stats.
+
+    `workers`: processes to use (0: none, everything in this process); by default one per core,
+    up to 4, when the corpus is large enough to gain from them. `chunk_bytes`: the work unit.
+    """
+    progress = progress or NullProgress()
+    paths = CorpusPaths.beside(Path(corpus_txt))
+    fingerprint = corpus_fingerprint(snapshots, options, paths)
+    previous = reusable_stats(paths, fingerprint)
+    if previous is not None:
+        progress.corpus_started(previous.get("files"))
+        progress.corpus_finished(True)
+        return previous
+    started = time.perf_counter()
+    plan = plan_corpus(snapshots, options)
+    progress.corpus_started(len(plan.items))
+    stats = CorpusStats(plan, snapshots)
+    processes = choose_workers(plan, workers)
+    with Assembly(paths, options.dedupe) as assembly:
+        jobs = make_jobs(plan, options, chunk_bytes)
+        run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
+        with closing(run) as placed:  # on any error, workers stop before the work directory goes
+            for result, placement in placed:
+                stats.add_chunk(result, placement.keep)
+                progress.corpus_advanced(result.files, result.bytes_read)
+        summary = stats.summary(
+            fingerprint=fingerprint,
+            format=CORPUS_FORMAT,
+            paths=paths.as_dict(),
+            output_bytes=dict(assembly.sizes),
+            workers=processes,
+            build_seconds=round(time.perf_counter() - started, 3),
+        )
+        assembly.commit(summary)
+    progress.corpus_finished(False)
+    return summary
+
+
+def corpus_fingerprint(snapshots: list[Snapshot], options: CorpusConfig, paths: CorpusPaths) -> str:
+    """A hash of everything the corpus content depends on."""
+    payload = {
+        "format": CORPUS_FORMAT,
+        "options": options.model_dump(mode="json", exclude={"dir", "staging_dir"}),
+        "snapshots": [
+            {
+                "source": s.source,
+                "type": s.type,
+                "version": s.version,
+                "trees": [asdict(t) for t in s.trees],
+                "include": s.include,
+                "exclude": s.exclude,
+            }
+            for s in snapshots
+        ],
+        "txt_name": paths.txt.name,
+    }
+    return xxhash.xxh3_128_hexdigest(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS))
+
+
+def reusable_stats(paths: CorpusPaths, fingerprint: str) -> dict[str, Any] | None:
+    """The stats of an existing corpus built from the same inputs, or None when it must be built."""
+    try:
+        stats = orjson.loads(paths.stats.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(stats, dict) or stats.get("fingerprint") != fingerprint:
+        return None
+    sizes = stats.get("output_bytes") or {}
+    for key, path in (("txt", paths.txt), ("jsonl", paths.jsonl)):
+        try:
+            if path.stat().st_size != sizes.get(key):
+                return None
+        except OSError:
+            return None
+    return {**stats, "reused": True}
+
+
+def chunk_settings(options: CorpusConfig) -> ChunkSettings:
+    return ChunkSettings(
+        max_file_bytes=options.max_file_bytes,
+        dedupe=options.dedupe,
+        redact=options.redact_secrets,
+        val_fraction=options.val_fraction,
+        skip_generated=options.skip_generated,
+    )
+
+
+def make_jobs(plan: CorpusPlan, options: CorpusConfig, chunk_bytes: int = CHUNK_BYTES) -> Iterator[ChunkJob]:
+    """The plan as chunk jobs, in corpus order."""
+    settings = chunk_settings(options)
+    trees = tuple(plan.trees)
+    for index, items in enumerate(plan.chunks(chunk_bytes)):
+        yield ChunkJob(index, trees, items, settings)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def can_fork_workers() -> bool:
+    """Worker processes are forked (cheap, nothing to re-import); only where fork is dependable."""
+    return sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
+
+
+def choose_workers(plan: CorpusPlan, requested: int | None) -> int:
+    """How many worker processes to use; 0 means everything runs in this process."""
+    if not can_fork_workers():
+        return 0
+    if requested is not None:
+        return max(0, requested)
+    if plan.planned_bytes() < PARALLEL_MIN_BYTES or usable_cores() < 2:
+        return 0
+    return min(usable_cores(), MAX_WORKERS)

@@ -1,0 +1,180 @@
+"""Running chunk jobs: in this process, or in forked worker processes that write where they are told.
+
+Either way results come back in corpus order, each with its Placement (what survives dedupe
+across chunks, and at which offsets), so the output is the same byte for byte.
+
+With workers, the parent keeps two jobs queued per worker, places each result as soon as every
+earlier chunk has reported, and sends the placement back; the worker writes that chunk's records
+straight into the output files (positioned writes: no part files, no copies) between jobs.
+Workers are forked, so they start in milliseconds with everything already imported; they run
+only the corpus code.
+
+Messages:  parent -> worker: ("job", ChunkJob) | ("place", (index, Placement)) | ("stop", None)
+           worker -> parent: ("report", ChunkResult) | ("written", index) | ("error", text)
+Each message stays well under a socket buffer (chunks hold at most 1,000 files), so neither side
+blocks on a send while the other is busy sending.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import suppress
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import ForkContext
+from typing import Any
+
+from multiagenttrainer.corpus.assemble import Assembly
+from multiagenttrainer.corpus.chunks import (
+    ChunkJob,
+    ChunkOutput,
+    ChunkResult,
+    Placement,
+    run_chunk,
+    write_chunk,
+)
+from multiagenttrainer.errors import CorpusError
+
+Placed = tuple[ChunkResult, Placement]
+JOBS_PER_WORKER = 2
+LIVENESS_CHECK_S = 1.0
+STOP_TIMEOUT_S = 5.0
+
+
+def run_in_process(jobs: Iterable[ChunkJob], assembly: Assembly) -> Generator[Placed, None, None]:
+    """Process, place and write each chunk here, one after another."""
+    for job in jobs:
+        output = run_chunk(job)
+        placement = assembly.place(output.result)
+        write_chunk(output, placement, assembly.txt_fd, assembly.jsonl_fd)
+        yield output.result, placement
+
+
+def worker_main(conn: Connection, txt_path: str, jsonl_path: str) -> None:
+    """A worker's loop: process jobs and report them; write each one when its placement arrives."""
+    txt_fd = os.open(txt_path, os.O_WRONLY)
+    jsonl_fd = os.open(jsonl_path, os.O_WRONLY)
+    unplaced: dict[int, ChunkOutput] = {}
+    try:
+        while True:
+            kind, payload = conn.recv()
+            if kind == "job":
+                output = run_chunk(payload)
+                unplaced[payload.index] = output
+                conn.send(("report", output.result))
+            elif kind == "place":
+                index, placement = payload
+                write_chunk(unplaced.pop(index), placement, txt_fd, jsonl_fd)
+                conn.send(("written", index))
+            else:
+                return
+    except (EOFError, KeyboardInterrupt):
+        return  # the parent went away or is being interrupted
+    except Exception as exc:  # reported to the parent, which raises it as a CorpusError
+        with suppress(OSError, ValueError):
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        os.close(txt_fd)
+        os.close(jsonl_fd)
+
+
+class Worker:
+    """One forked worker process, the parent's end of its pipe, and the chunks it has not written yet."""
+
+    def __init__(self, context: ForkContext, txt_path: str, jsonl_path: str) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=worker_main, args=(child, txt_path, jsonl_path), name="mat-corpus-worker", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.outstanding: set[int] = set()
+
+    def send(self, kind: str, payload: Any) -> None:
+        self.conn.send((kind, payload))
+
+    def receive(self) -> tuple[str, Any]:
+        try:
+            message: tuple[str, Any] = self.conn.recv()
+        except (EOFError, OSError):
+            raise CorpusError(self.death_notice()) from None
+        if message[0] == "error":
+            raise CorpusError(f"a corpus worker failed: {message[1]}")
+        return message
+
+    def death_notice(self) -> str:
+        self.process.join(0.1)
+        return (
+            f"a corpus worker process died (exit code {self.process.exitcode}), perhaps out of memory; "
+            "retry, or build in one process (workers=0)"
+        )
+
+    def stop(self) -> None:
+        with suppress(OSError, ValueError):
+            self.send("stop", None)
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.conn.close()
+
+
+def run_in_workers(jobs: Iterable[ChunkJob], assembly: Assembly, count: int) -> Generator[Placed, None, None]:
+    """Process chunks in `count` forked workers; yield each result, placed, in corpus order."""
+    context = multiprocessing.get_context("fork")
+    workers: list[Worker] = []
+    try:
+        # Objects that exist now are frozen out of the workers' garbage collections: a collection
+        # that visited them would copy every page of the parent's heap into the child.
+        gc.freeze()
+        try:
+            workers = [Worker(context, assembly.txt_path, assembly.jsonl_path) for _ in range(count)]
+        finally:
+            gc.unfreeze()
+        yield from _coordinate(iter(jobs), workers, assembly)
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def _coordinate(jobs: Iterator[ChunkJob], workers: list[Worker], assembly: Assembly) -> Iterator[Placed]:
+    reports: dict[int, tuple[Worker, ChunkResult]] = {}
+    next_index = 0
+    more_jobs = True
+    while True:
+        for worker in workers:
+            # A second job waits in the pipe, so a worker never idles while its last chunk awaits placement.
+            while more_jobs and len(worker.outstanding) < JOBS_PER_WORKER:
+                job = next(jobs, None)
+                more_jobs = job is not None
+                if job is not None:
+                    worker.send("job", job)
+                    worker.outstanding.add(job.index)
+        busy = [worker for worker in workers if worker.outstanding]
+        if not busy:
+            return
+        for worker in _ready(busy):
+            kind, payload = worker.receive()
+            if kind == "report":
+                reports[payload.index] = (worker, payload)
+            else:  # "written"
+                worker.outstanding.discard(payload)
+        while next_index in reports:
+            owner, result = reports.pop(next_index)
+            placement = assembly.place(result)
+            owner.send("place", (next_index, placement))
+            yield result, placement
+            next_index += 1
+
+
+def _ready(busy: list[Worker]) -> list[Worker]:
+    """The busy workers with a message waiting; raises if one of them has died."""
+    while True:
+        ready = wait([worker.conn for worker in busy], timeout=LIVENESS_CHECK_S)
+        if ready:
+            return [worker for worker in busy if worker.conn in ready]
+        for worker in busy:
+            if not worker.process.is_alive():
+                raise CorpusError(worker.death_notice())

@@ -1,0 +1,237 @@
+"""Listing what the corpus will read: every tree of every snapshot, with the path rules applied.
+
+One lister per `Tree.kind` (a registry) yields the tree's files in order: sources in config
+order, trees in snapshot order, paths sorted within a tree (docs: in record order). Files are
+not read here; path rules (ignore files, globs, vendored and cache directories, lock files,
+generated and minified names, sizes known from the walk) decide what is left out early.
+"""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import orjson
+from dulwich.errors import NotGitRepository
+from dulwich.object_store import BaseObjectStore
+from dulwich.objects import Commit, ObjectID, Tree
+from dulwich.repo import Repo
+
+from multiagenttrainer.config import CorpusConfig
+from multiagenttrainer.corpus.filters import name_skip_reason, path_skip_reason, pruned_dir_reason
+from multiagenttrainer.corpus.ignore import PathSelector
+from multiagenttrainer.corpus.walk import list_directory, recent_listing, replay_files
+from multiagenttrainer.errors import CorpusError
+from multiagenttrainer.sources.base import Snapshot
+from multiagenttrainer.sources.base import Tree as SourceTree
+
+UNKNOWN_SIZE = -1
+CHUNK_BYTES = 1 << 20  # work is handed to worker processes in chunks of about this many bytes
+CHUNK_FILES = 1000  # also bounds the size of the messages to and from workers
+GIT_BLOB_ESTIMATE = 16 << 10  # git trees list no sizes; assume this for chunking
+
+
+@dataclass(frozen=True)
+class TreeInfo:
+    """What the corpus needs to know about one fetched tree (picklable, for worker processes)."""
+
+    source: str
+    repo: str
+    kind: str
+    path: str
+    commit: str | None
+
+
+class Item(NamedTuple):
+    """One file to read: dir -> absolute path, git -> blob SHA (hex), docs -> the text as UTF-8."""
+
+    tree: int
+    path: str
+    ref: str | bytes
+    size: int
+
+
+Listed = tuple[str, "str | bytes", int]  # path, ref, size
+SkipHook = Callable[[str, bool], None]
+
+
+@dataclass
+class Skips:
+    """Skip counts for one tree: files by reason, and directories left out whole."""
+
+    files: dict[str, int] = field(default_factory=dict)
+    dirs: dict[str, int] = field(default_factory=dict)
+
+    def add(self, reason: str, is_dir: bool = False) -> None:
+        counts = self.dirs if is_dir else self.files
+        counts[reason] = counts.get(reason, 0) + 1
+
+
+@dataclass
+class CorpusPlan:
+    """Every tree, every file to read in corpus order, and what the path rules left out."""
+
+    trees: list[TreeInfo] = field(default_factory=list)
+    items: list[Item] = field(default_factory=list)
+    skips: list[Skips] = field(default_factory=list)  # per tree
+
+    def planned_bytes(self) -> int:
+        return sum(item.size if item.size >= 0 else GIT_BLOB_ESTIMATE for item in self.items)
+
+    def chunks(self, max_bytes: int = CHUNK_BYTES, max_files: int = CHUNK_FILES) -> Iterator[list[Item]]:
+        """Consecutive runs of items of about max_bytes each."""
+        chunk: list[Item] = []
+        size = 0
+        for item in self.items:
+            chunk.append(item)
+            size += item.size if item.size >= 0 else GIT_BLOB_ESTIMATE
+            if size >= max_bytes or len(chunk) >= max_files:
+                yield chunk
+                chunk, size = [], 0
+        if chunk:
+            yield chunk
+
+
+@dataclass(frozen=True)
+class ListOptions:
+    """The corpus options a lister needs."""
+
+    skip_vendored: bool
+    skip_generated: bool
+    max_file_bytes: int
+
+
+def display_path(path: str) -> str:
+    """A path safe for JSON and one-line headers: undecodable bytes as U+FFFD, no line breaks."""
+    if not path.isascii():
+        path = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return path.replace("\n", " ").replace("\r", " ")
+
+
+def list_dir(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:
+    """A directory on disk: the git-aware walk (the fetch's, if this process just made it); sizes known."""
+    listing = recent_listing(tree.path, version) or list_directory(Path(tree.path))
+    for entry in replay_files(listing.events, options.skip_vendored, on_skip):
+        reason = name_skip_reason(entry.rel.rpartition("/")[2], options.skip_generated)
+        if reason is None and entry.size == 0:
+            reason = "empty"
+        if reason is None and entry.size > options.max_file_bytes:
+            reason = "too_large"
+        if reason:
+            on_skip(reason, False)
+        else:
+            yield entry.rel, entry.path, entry.size
+
+
+def list_git(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:
+    """A bare repository: the commit's tree, read from the object store without a checkout."""
+    with Repo(tree.path) as repo:
+        commit = repo[tree.commit.encode()] if tree.commit else repo[repo.head()]
+        if not isinstance(commit, Commit):
+            raise CorpusError(f"{tree.commit} in {tree.path} is not a commit")
+        yield from _walk_git_tree(repo.object_store, commit.tree, "", options, on_skip)
+
+
+def _walk_git_tree(
+    store: BaseObjectStore, tree_id: ObjectID, prefix: str, options: ListOptions, on_skip: SkipHook
+) -> Iterator[Listed]:
+    tree = store[tree_id]
+    if not isinstance(tree, Tree):
+        raise CorpusError(f"object {tree_id.decode()} at {prefix or '/'} is not a tree")
+    for entry in tree.iteritems():  # git order: directories sort as `name/`
+        name = entry.path.decode("utf-8", "surrogateescape")
+        if stat.S_ISDIR(entry.mode):
+            reason = pruned_dir_reason(name, options.skip_vendored)
+            if reason:
+                on_skip(reason, True)
+            else:
+                yield from _walk_git_tree(store, entry.sha, prefix + name + "/", options, on_skip)
+        elif stat.S_ISREG(entry.mode):
+            reason = name_skip_reason(name, options.skip_generated)
+            if reason:
+                on_skip(reason, False)
+            else:
+                yield prefix + name, entry.sha.decode(), UNKNOWN_SIZE
+        else:  # a submodule (gitlink) or a symlink: nothing to read in this repository
+            on_skip("submodule" if entry.mode == 0o160000 else "symlink", False)
+
+
+def list_docs(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:
+    """A JSONL file of {"path": provenance, "text": ...} records, in file order."""
+    with open(tree.path, "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            path, text = _doc_record(line, number, tree.path)
+            reason = (
+                path_skip_reason(path, options.skip_vendored, options.skip_generated) if text else "empty"
+            )
+            if reason:
+                on_skip(reason, False)
+            else:
+                data = text.encode("utf-8", "replace")
+                yield path, data, len(data)
+
+
+def _doc_record(line: bytes, number: int, origin: str) -> tuple[str, str]:
+    """(path, text) of one docs record; a record without a path is named after its line."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise CorpusError(f"{origin}:{number} is not a JSON record ({exc})") from None
+    if not isinstance(record, dict):
+        raise CorpusError(f"{origin}:{number} is not a JSON object")
+    text = record.get("text")
+    return str(record.get("path") or f"record-{number}"), text if isinstance(text, str) else ""
+
+
+LISTERS: dict[str, Callable[[SourceTree, str, ListOptions, SkipHook], Iterator[Listed]]] = {
+    "dir": list_dir,
+    "git": list_git,
+    "docs": list_docs,
+}
+
+
+def plan_corpus(snapshots: list[Snapshot], options: CorpusConfig) -> CorpusPlan:
+    """List every file of every snapshot's trees, minus what the path rules leave out."""
+    plan = CorpusPlan()
+    list_options = ListOptions(options.skip_vendored, options.skip_generated, options.max_file_bytes)
+    for snapshot in snapshots:
+        selector = PathSelector.from_lists(
+            [options.include, snapshot.include], [options.exclude, snapshot.exclude]
+        )
+        for tree in snapshot.trees:
+            plan_tree(plan, snapshot, tree, selector, list_options)
+    return plan
+
+
+def plan_tree(
+    plan: CorpusPlan, snapshot: Snapshot, tree: SourceTree, selector: PathSelector, options: ListOptions
+) -> None:
+    """Append one tree's files to the plan."""
+    index = len(plan.trees)
+    plan.trees.append(TreeInfo(snapshot.source, display_path(tree.repo), tree.kind, tree.path, tree.commit))
+    skips = Skips()
+    plan.skips.append(skips)
+    try:
+        lister = LISTERS[tree.kind]
+    except KeyError:
+        raise CorpusError(
+            f"source {snapshot.source!r}: unknown tree kind {tree.kind!r}; valid: {', '.join(LISTERS)}"
+        ) from None
+    try:
+        for path, ref, size in lister(tree, snapshot.version, options, skips.add):
+            if selector and not selector.accepts(path):
+                skips.add("excluded")
+            else:
+                plan.items.append(Item(index, display_path(path), ref, size))
+    except (OSError, NotGitRepository, KeyError) as exc:
+        raise CorpusError(
+            f"source {snapshot.source!r}: cannot read {tree.kind} tree {tree.path} ({exc}); "
+            "run `mat ingest` again to fetch it"
+        ) from exc
+    except CorpusError as exc:
+        raise CorpusError(f"source {snapshot.source!r}: {exc}") from exc

@@ -9,7 +9,8 @@
     ├── ServerError               the local Prefect server could not be started  -> exit code 1
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
-    └── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+    ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+    └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
 Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
 and messages never contain credentials.
@@ -86,3 +87,7 @@ class ExperimentError(MatError):
 
 class BackendError(MatError):
     """A fine-tuning backend failed or refused a request."""
+
+
+class NotificationError(MatError):
+    """An alert could not be delivered; callers log it and carry on."""

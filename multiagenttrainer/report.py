@@ -1,0 +1,384 @@
+"""The report of a training run: report.md (tables and figures) and progress.png (val_bpb per experiment).
+
+Both are rewritten after every experiment, so they are written atomically (temp file + rename) and a
+reader never sees half a file. `render_report_markdown` and `results_table` are pure functions of a
+RunState; matplotlib is imported only when a plot is drawn, and only through its object API (no pyplot
+global state), so reports can be written from worker threads.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.experiments.run_state import RunState
+
+REPORT_FILE = "report.md"
+PLOT_FILE = "progress.png"
+MAX_ERROR_CHARS = 160  # a crash's error is cut to one short line in the table
+DASH = "—"
+PLOT_SIZE_IN = (10.0, 5.5)
+PLOT_DPI = 110
+STATUS_COLORS = {"keep": "#2ca02c", "discard": "#9e9e9e", "crash": "#d62728"}
+
+
+@dataclass(frozen=True)
+class ExperimentRow:
+    """One experiment as the report shows it."""
+
+    experiment_id: int
+    status: str
+    val_bpb: float | None
+    delta_vs_best: float | None
+    best_after: float | None
+    duration_s: float
+    machine: str
+    commit: str
+    description: str
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def format_bpb(value: float | None) -> str:
+    """val_bpb as autoresearch prints it: six decimals."""
+    return DASH if value is None else f"{value:.6f}"
+
+
+def format_delta(value: float | None) -> str:
+    """A signed val_bpb difference, six decimals; negative is better."""
+    return DASH if value is None else f"{value:+.6f}"
+
+
+def format_duration(seconds: float) -> str:
+    """42.3 -> '42.3 s', 125 -> '2m 05s', 3725 -> '1h 02m'."""
+    if seconds < 59.95:  # anything that would print as "60.0 s" reads better as "1m 00s"
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+
+
+def first_line(text: str | None, limit: int = MAX_ERROR_CHARS) -> str:
+    """The first non-blank line of `text`, cut to `limit` characters."""
+    line = next((part.strip() for part in (text or "").splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def experiment_rows(state: RunState) -> list[ExperimentRow]:
+    """The experiments in order, each with its delta against the best val_bpb kept before it."""
+    rows = []
+    best: float | None = None
+    for result in sorted(state.experiments, key=lambda e: e.experiment_id):
+        value = result.val_bpb if result.status != "crash" else None
+        delta = value - best if value is not None and best is not None else None
+        if result.status == "keep" and value is not None:
+            best = value if best is None else min(best, value)
+        rows.append(_row(result, value, delta, best))
+    return rows
+
+
+def _row(
+    result: ExperimentResult, value: float | None, delta: float | None, best: float | None
+) -> ExperimentRow:
+    description = result.description
+    if result.status == "crash" and result.error:
+        description = (
+            f"{description} (error: {first_line(result.error)})" if description else first_line(result.error)
+        )
+    return ExperimentRow(
+        experiment_id=result.experiment_id,
+        status=result.status,
+        val_bpb=value,
+        delta_vs_best=delta,
+        best_after=best,
+        duration_s=result.duration_s,
+        machine=result.machine,
+        commit=result.commit[:7],
+        description=description,
+    )
+
+
+def improvement_over_baseline(state: RunState) -> tuple[float, float] | None:
+    """(baseline - best, the same as % of the baseline), or None until both are known."""
+    baseline, best = state.baseline, state.best
+    if baseline is None or baseline.val_bpb is None or best is None or best.val_bpb is None:
+        return None
+    gain = baseline.val_bpb - best.val_bpb
+    return gain, (100.0 * gain / baseline.val_bpb if baseline.val_bpb else 0.0)
+
+
+def machines_used(state: RunState) -> list[str]:
+    """The distinct machines experiments ran on, in order of first use."""
+    return list(
+        dict.fromkeys(result.machine for result in sorted(state.experiments, key=lambda e: e.experiment_id))
+    )
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def escape_cell(text: str) -> str:
+    """Make free text safe inside one markdown table cell."""
+    return " ".join(text.split()).replace("\\", "\\\\").replace("|", "\\|")
+
+
+def render_report_markdown(state: RunState) -> str:
+    """The whole report.md for a run."""
+    lines = [f"# Training run {state.name} ({state.run_id})", "", *_summary_lines(state), ""]
+    lines += ["## Experiments", "", *_table_lines(state), ""]
+    if state.experiments:
+        lines += [
+            "¹ val_bpb minus the best val_bpb kept before that experiment (lower is better, so a negative "
+            "delta beat the best so far); the baseline has nothing to compare with.",
+            "",
+        ]
+    lines += [f"![val_bpb per experiment]({PLOT_FILE})", ""]
+    return "\n".join(lines)
+
+
+def _summary_lines(state: RunState) -> list[str]:
+    counts = {status: sum(1 for e in state.experiments if e.status == status) for status in STATUS_COLORS}
+    lines = [
+        f"- Status: {state.status}",
+        f"- Started: {state.created_at}" + (f", finished: {state.finished_at}" if state.finished_at else ""),
+        f"- Experiments: {state.done} of {state.max_experiments} "
+        f"(keep {counts['keep']}, discard {counts['discard']}, crash {counts['crash']})",
+        f"- Baseline val_bpb: {_baseline_text(state)}",
+        f"- Best val_bpb: {_best_text(state)}",
+        f"- Improvement over baseline: {_improvement_text(state)}",
+        f"- Duration: {_durations_text(state)}",
+        f"- Workspace branch: {_branch_text(state)}",
+    ]
+    if len(machines_used(state)) > 1:
+        lines.append(f"- Machines: {', '.join(machines_used(state))}")
+    if state.error:
+        lines.append(f"- Error: {escape_cell(first_line(state.error, 400))}")
+    return lines
+
+
+def _baseline_text(state: RunState) -> str:
+    baseline = state.baseline
+    if baseline is None:
+        return "not run yet"
+    return "crashed" if baseline.val_bpb is None else format_bpb(baseline.val_bpb)
+
+
+def _best_text(state: RunState) -> str:
+    best = state.best
+    if best is None:
+        return "none yet"
+    return f"{format_bpb(best.val_bpb)} (experiment {best.experiment_id}, commit `{best.commit[:7]}`)"
+
+
+def _improvement_text(state: RunState) -> str:
+    improvement = improvement_over_baseline(state)
+    if improvement is None:
+        return "n/a (needs a finished baseline and a kept experiment)"
+    gain, percent = improvement
+    return f"{gain:.6f} ({percent:.2f}%)"
+
+
+def _durations_text(state: RunState) -> str:
+    if not state.experiments:
+        return "no experiment finished yet"
+    total = sum(e.duration_s for e in state.experiments)
+    mean = total / len(state.experiments)
+    return f"total {format_duration(total)}, mean {format_duration(mean)} per experiment"
+
+
+def _branch_text(state: RunState) -> str:
+    branch = state.workspace.get("branch")
+    return f"`{branch}`" if branch else "unknown"
+
+
+def _table_lines(state: RunState) -> list[str]:
+    rows = experiment_rows(state)
+    if not rows:
+        return ["No experiment has finished yet."]
+    with_machine = len(machines_used(state)) > 1
+    header = [
+        "#",
+        "status",
+        "val_bpb",
+        "delta vs best¹",
+        "duration",
+        *(["machine"] if with_machine else []),
+        "description",
+    ]
+    align = ["--:", ":--", "--:", "--:", "--:", *([":--"] if with_machine else []), ":--"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    for row in rows:
+        cells = [
+            str(row.experiment_id),
+            row.status,
+            "crash" if row.status == "crash" else format_bpb(row.val_bpb),
+            format_delta(row.delta_vs_best),
+            format_duration(row.duration_s),
+            *([escape_cell(row.machine)] if with_machine else []),
+            escape_cell(row.description),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def results_table(state: RunState) -> list[dict[str, Any]]:
+    """The experiments as rows for a Prefect table artifact (JSON-able, one dict per experiment)."""
+    return [
+        {
+            "#": row.experiment_id,
+            "status": row.status,
+            "val_bpb": "crash" if row.status == "crash" else format_bpb(row.val_bpb),
+            "delta vs best": format_delta(row.delta_vs_best),
+            "duration": format_duration(row.duration_s),
+            "machine": row.machine,
+            "commit": row.commit,
+            "description": " ".join(row.description.split()),
+        }
+        for row in experiment_rows(state)
+    ]
+
+
+# ---------------------------------------------------------------- plot
+
+
+def plot_progress(state: RunState, handle: IO[bytes]) -> None:
+    """Draw val_bpb per experiment (kept green, discarded grey, crashes red x) and the running best."""
+    from matplotlib.figure import Figure  # lazy: matplotlib costs ~0.3 s to import
+
+    rows = experiment_rows(state)
+    figure = Figure(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI, layout="constrained")
+    axes = figure.add_subplot()
+    values = [row.val_bpb for row in rows if row.val_bpb is not None]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = (high - low) * 0.08 or max(abs(high) * 0.02, 0.01)
+    _plot_points(axes, rows)
+    _plot_running_best(axes, rows)
+    baseline = state.baseline
+    if baseline is not None and baseline.val_bpb is not None:
+        axes.axhline(baseline.val_bpb, color="#1f77b4", linestyle="--", linewidth=1, label="baseline")
+    axes.set_ylim(low - 2 * pad, high + 2 * pad)
+    axes.set_xlim(-0.5, max([row.experiment_id for row in rows] + [state.max_experiments - 1, 1]) + 0.5)
+    axes.set_xlabel("experiment #")
+    axes.set_ylabel("val_bpb (lower is better)")
+    axes.set_title(_plot_title(state))
+    axes.grid(True, alpha=0.3)
+    if not rows:
+        axes.text(
+            0.5, 0.5, "no experiment has finished yet", transform=axes.transAxes, ha="center", color="grey"
+        )
+    else:
+        axes.legend(loc="best", fontsize="small")
+    figure.savefig(handle, format="png")
+
+
+def _plot_title(state: RunState) -> str:
+    best = state.best
+    suffix = f" (best {format_bpb(best.val_bpb)})" if best is not None else ""
+    return f"{state.name}: val_bpb over {state.done} experiments{suffix}"
+
+
+def _plot_points(axes: Any, rows: list[ExperimentRow]) -> None:
+    kept = [row for row in rows if row.status == "keep" and row.val_bpb is not None]
+    discarded = [row for row in rows if row.status == "discard" and row.val_bpb is not None]
+    crashed = [row for row in rows if row.val_bpb is None]
+    if discarded:
+        axes.scatter(
+            [r.experiment_id for r in discarded],
+            [r.val_bpb for r in discarded],
+            s=30,
+            color=STATUS_COLORS["discard"],
+            alpha=0.7,
+            label="discard",
+            zorder=2,
+        )
+    if kept:
+        axes.scatter(
+            [r.experiment_id for r in kept],
+            [r.val_bpb for r in kept],
+            s=60,
+            color=STATUS_COLORS["keep"],
+            edgecolors="black",
+            linewidths=0.6,
+            label="keep",
+            zorder=4,
+        )
+    if crashed:  # no val_bpb: drawn on the bottom edge (x in data units, y in axes units)
+        axes.scatter(
+            [r.experiment_id for r in crashed],
+            [0.03] * len(crashed),
+            marker="x",
+            s=50,
+            color=STATUS_COLORS["crash"],
+            label="crash",
+            zorder=3,
+            transform=axes.get_xaxis_transform(),
+            clip_on=False,
+        )
+    for row in kept:
+        axes.annotate(
+            _short(row.description),
+            (row.experiment_id, row.val_bpb),
+            textcoords="offset points",
+            xytext=(4, 6),
+            fontsize=7,
+            rotation=20,
+            color="#1b5e20",
+        )
+
+
+def _plot_running_best(axes: Any, rows: list[ExperimentRow]) -> None:
+    points = [(row.experiment_id, row.best_after) for row in rows if row.best_after is not None]
+    if points:
+        axes.step(
+            [x for x, _ in points],
+            [y for _, y in points],
+            where="post",
+            color="#1b5e20",
+            linewidth=1.5,
+            label="running best",
+            zorder=3,
+        )
+
+
+def _short(text: str, limit: int = 32) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Let `write` fill a temp file beside `path`, fsync it, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; reports are meant to be read and shared
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(run_dir: Path, state: RunState) -> tuple[Path, Path]:
+    """Write report.md and progress.png into `run_dir`; returns their paths."""
+    report_path, plot_path = Path(run_dir) / REPORT_FILE, Path(run_dir) / PLOT_FILE
+    markdown = render_report_markdown(state).encode("utf-8")
+
+    def write_markdown(handle: IO[bytes]) -> None:
+        handle.write(markdown)
+
+    write_atomically(report_path, write_markdown)
+    write_atomically(plot_path, lambda handle: plot_progress(state, handle))
+    return report_path, plot_path

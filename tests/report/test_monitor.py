@@ -1,0 +1,166 @@
+"""`mat status` rows and `mat watch` frames for hand-written run.json files."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+
+from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.monitor import (
+    render_status_table,
+    render_watch_frame,
+    run_rows,
+    status_row,
+    watch_runs,
+)
+from tests.report.conftest import T0, make_state, running_state
+
+
+def text_console() -> Console:
+    return Console(file=io.StringIO(), width=120, color_system=None, force_terminal=False)
+
+
+def output(console: Console) -> str:
+    assert isinstance(console.file, io.StringIO)
+    return console.file.getvalue()
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait(timeout=30)
+    return child.pid
+
+
+def save(output_dir: Path, state: RunState) -> None:
+    state.save(output_dir / state.run_id)
+
+
+def test_status_rows_with_an_interrupted_run(tmp_path: Path) -> None:
+    save(tmp_path, make_state("done"))
+    killed = make_state("killed", "running", finished=False)
+    killed.pid = dead_pid()
+    save(tmp_path, killed)
+    (tmp_path / "not-a-run").mkdir()
+    rows = run_rows(tmp_path)
+    assert [row["name"] for row in rows] == ["done", "killed"]
+    assert rows[0] == {
+        "id": "20250308-020000-done",
+        "name": "done",
+        "status": "completed",
+        "experiments_done": 6,
+        "max_experiments": 8,
+        "baseline_val_bpb": 2.0,
+        "best_val_bpb": 1.9,
+        "started_at": "2025-03-08T02:00:00+00:00",
+        "duration_s": 390.0,
+    }
+    assert rows[1]["status"] == "interrupted"
+    assert rows[1]["duration_s"] > 390.0  # until run.json was last written (now: save() stamps updated_at)
+
+
+def test_running_duration_counts_until_now() -> None:
+    state = running_state("live", T0 + timedelta(minutes=3))
+    row = status_row(state, T0 + timedelta(minutes=3, seconds=5))
+    assert row["status"] == "running" and row["duration_s"] == 185.0
+    assert row["baseline_val_bpb"] == 2.5 and row["best_val_bpb"] == 2.4
+
+
+def test_status_table_text(tmp_path: Path) -> None:
+    save(tmp_path, make_state("done"))
+    console = text_console()
+    render_status_table(console, run_rows(tmp_path))
+    lines = output(console).splitlines()
+    assert lines[0].split() == [
+        "id",
+        "name",
+        "status",
+        "experiments",
+        "baseline",
+        "best",
+        "started",
+        "duration",
+    ]
+    assert lines[1].split()[:6] == [
+        "20250308-020000-done",
+        "done",
+        "completed",
+        "6/8",
+        "2.000000",
+        "1.900000",
+    ]
+    assert lines[1].split()[-1] == "6:30"
+    empty = text_console()
+    render_status_table(empty, [])
+    assert output(empty) == "No training runs yet; start one with `mat train`.\n"
+
+
+def test_watch_frame_for_a_running_and_a_completed_run() -> None:
+    now = datetime(2025, 3, 8, 2, 10, 0, tzinfo=UTC)
+    states = [running_state("alpha", now, elapsed_s=42), make_state("beta")]
+    console = text_console()
+    console.print(render_watch_frame(states, now, "runs"))
+    lines = output(console).splitlines()
+    assert lines[0].startswith("2 runs under runs, 1 running, at ")
+    assert lines[1].split() == ["run", "status", "experiments", "current", "best", "val_bpb"]
+    alpha = next(line for line in lines if line.startswith("alpha"))
+    beta = next(line for line in lines if line.startswith("beta"))
+    assert alpha.split()[1] == "running" and "3/10" in alpha and "#3 training 0:42" in alpha
+    assert "2.400000 (-4.00%)" in alpha
+    assert beta.split()[1] == "completed" and "6/8" in beta and "1.900000 (-5.00%)" in beta
+    assert "━" in alpha  # the progress bar is drawn
+
+
+def test_watch_frame_shows_every_busy_machine() -> None:
+    now = datetime(2025, 3, 8, 2, 10, 0, tzinfo=UTC)
+    state = running_state("multi", now, elapsed_s=5)
+    state.current.append(type(state.current[0])(4, "agent", "2025-03-08T02:08:55+00:00", machine="gpu-b"))
+    console = text_console()
+    console.print(render_watch_frame([state], now))
+    text = output(console)
+    assert "#3 training 0:05 on local" in text and "#4 agent 1:05 on gpu-b" in text
+    console = text_console()
+    console.print(render_watch_frame([], now, "runs"))
+    assert output(console) == "No training runs under runs yet.\n"
+
+
+def test_watch_once_prints_one_frame_and_returns(tmp_path: Path) -> None:
+    save(tmp_path, running_state("alpha", datetime.now(UTC)))
+    save(tmp_path, make_state("beta"))
+    console = text_console()
+    started = time.monotonic()
+    watch_runs(console, tmp_path, once=True)
+    assert time.monotonic() - started < 5
+    text = output(console)
+    assert "alpha" in text and "beta" in text and "#3 training" in text
+
+
+def test_watch_exits_when_the_last_run_finishes(tmp_path: Path) -> None:
+    state = running_state("alpha", datetime.now(UTC))
+    save(tmp_path, state)
+
+    def finish_later() -> None:
+        time.sleep(1.0)
+        state.status, state.current = "completed", []
+        save(tmp_path, state)
+
+    finisher = threading.Thread(target=finish_later)
+    finisher.start()
+    started = time.monotonic()
+    console = text_console()
+    watch_runs(console, tmp_path, once=False, refresh_s=0.1)
+    finisher.join(timeout=10)
+    assert 0.9 < time.monotonic() - started < 10
+    assert "completed" in output(console)
+
+
+def test_watch_gives_up_when_no_run_appears(tmp_path: Path) -> None:
+    started = time.monotonic()
+    watch_runs(text_console(), tmp_path, once=False, refresh_s=0.05, wait_for_runs_s=0.3)
+    assert time.monotonic() - started < 5

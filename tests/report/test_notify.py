@@ -1,0 +1,156 @@
+"""SES alerts against moto: the sent messages are read back from moto's SES backend."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.ses.models import ses_backends
+
+from multiagenttrainer.config import NotificationsConfig, SesConfig
+from multiagenttrainer.errors import NotificationError
+from multiagenttrainer.notify import (
+    SesNotifier,
+    experiment_crash_alert,
+    make_notifier,
+    notify_safely,
+    run_failure_alert,
+)
+from tests.report.conftest import CRASH_ERROR, make_state, result
+
+REGION = "eu-west-1"
+SENDER = "mat@example.com"
+RECIPIENTS = ["ops@example.com", "lead@example.com"]
+SECRET = "moto-secret-key-not-for-messages"
+AWS_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_SES",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
+
+
+@pytest.fixture
+def clean_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No credentials, profiles or endpoints from the developer's machine; no instance metadata lookups."""
+    for name in AWS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def ses(clean_aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """moto's SES with the sender verified; yields moto's backend for the region."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    with mock_aws():
+        boto3.client("ses", region_name=REGION).verify_email_identity(EmailAddress=SENDER)
+        yield ses_backends[DEFAULT_ACCOUNT_ID][REGION]
+
+
+def ses_config(sender: str = SENDER) -> SesConfig:
+    return SesConfig(from_email=sender, to_emails=RECIPIENTS, region=REGION, subject_prefix="[mat-test]")
+
+
+def test_crash_alert_is_delivered_with_run_experiment_error_log_tail_and_link(
+    ses: Any, tmp_path: Path
+) -> None:
+    log = tmp_path / "exp-003.log"
+    log.write_text(
+        "".join(f"step {i}\n" for i in range(100)) + "RuntimeError: shape mismatch\n", encoding="utf-8"
+    )
+    crashed = result(
+        3, "crash", None, "break the model", 12.0, machine="gpu-b", error=CRASH_ERROR, log_path=str(log)
+    )
+    subject, body = experiment_crash_alert(make_state(), crashed, "http://127.0.0.1:4200/runs/flow-run/abc")
+    message_id = SesNotifier(ses_config()).send(subject, body)
+
+    [message] = ses.sent_messages
+    assert message.id == message_id
+    assert message.source == SENDER
+    assert message.subject == "[mat-test] run nightly: experiment 3 crashed"
+    assert message.destinations["ToAddresses"] == RECIPIENTS
+    assert "Experiment 3 of run nightly (20250308-020000-nightly) crashed." in message.body
+    assert "Error: RuntimeError: shape mismatch in attention" in message.body
+    assert "Change: break the model" in message.body
+    assert "Machine: gpu-b" in message.body
+    assert "Flow run: http://127.0.0.1:4200/runs/flow-run/abc" in message.body
+    assert "Log tail:\n" in message.body and "step 99\nRuntimeError: shape mismatch" in message.body
+    assert "step 59\n" not in message.body  # only the tail of the log
+
+
+def test_crash_alert_without_a_log_file_uses_the_recorded_log_lines() -> None:
+    state = make_state()
+    state.flow_run_url = "http://prefect.example/runs/flow-run/42"
+    crashed = result(
+        3, "crash", None, "break the model", 12.0, error=CRASH_ERROR, log_path="/nonexistent/exp.log"
+    )
+    _, body = experiment_crash_alert(state, crashed)
+    assert "Log tail:\nTraceback (most recent call last):\n  File train.py" in body
+    assert "Flow run: http://prefect.example/runs/flow-run/42" in body
+
+
+def test_run_failure_alert_is_delivered(ses: Any) -> None:
+    subject, body = run_failure_alert(
+        "nightly",
+        "ExperimentError: workspace is gone\ndetails here",
+        log_tail="a\nb\nlast line",
+        flow_run_url="http://127.0.0.1:4200/runs/flow-run/def",
+    )
+    SesNotifier(ses_config()).send(subject, body)
+    [message] = ses.sent_messages
+    assert message.subject == "[mat-test] run nightly failed"
+    assert message.body.startswith("Run nightly failed.\n\nError: ExperimentError: workspace is gone\n")
+    assert "details here" in message.body
+    assert "Flow run: http://127.0.0.1:4200/runs/flow-run/def" in message.body
+    assert message.body.endswith("Log tail:\na\nb\nlast line\n")
+
+
+def test_unverified_sender_is_a_warning_not_an_exception(ses: Any, caplog: pytest.LogCaptureFixture) -> None:
+    notifier = SesNotifier(ses_config("stranger@example.com"))
+    with pytest.raises(NotificationError, match="verify stranger@example.com"):
+        notifier.send("subject", "body")
+    with caplog.at_level(logging.WARNING, logger="multiagenttrainer.notify"):
+        assert notify_safely(notifier, "subject", "body") is None
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "SES refused the alert from stranger@example.com (MessageRejected" in record.getMessage()
+    assert SECRET not in record.getMessage()
+    assert ses.sent_messages == []
+
+
+def test_missing_credentials_are_reported_and_swallowed(
+    clean_aws_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    notifier = SesNotifier(ses_config())
+    with pytest.raises(NotificationError, match="no AWS credentials found; set AWS_PROFILE"):
+        notifier.send("subject", "body")
+    with caplog.at_level(logging.WARNING, logger="multiagenttrainer.notify"):
+        assert notify_safely(notifier, "subject", "body") is None
+    assert "no AWS credentials" in caplog.text
+
+
+def test_make_notifier_only_when_ses_is_configured(ses: Any) -> None:
+    assert make_notifier(NotificationsConfig()) is None
+    assert make_notifier(None) is None
+    assert notify_safely(None, "subject", "body") is None
+    notifier = make_notifier(NotificationsConfig(ses=ses_config()))
+    assert isinstance(notifier, SesNotifier)
+    assert notify_safely(notifier, "multi\nline   subject", "body")
+    assert ses.sent_messages[0].subject == "[mat-test] multi line subject"

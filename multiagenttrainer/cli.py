@@ -189,6 +189,57 @@ def verbose_logging() -> bool:
     return os.environ.get("PREFECT_LOGGING_LEVEL", "").upper() in {"DEBUG", "INFO"}
 
 
+# --------------------------------------------------------------------------- status and watch
+
+OutputDirOption = Annotated[
+    Path | None,
+    typer.Option("--output-dir", "-o", help="Runs directory (default: training.output_dir).", show_default=False),
+]
+
+
+def runs_dir(config: Path | None, output_dir: Path | None) -> Path:
+    """The directory holding the runs: --output-dir, else training.output_dir of the config."""
+    from multiagenttrainer.config import expand_path
+
+    if output_dir is not None:
+        return output_dir
+    return expand_path(load_config(config).training.output_dir)
+
+
+@app.command()
+def status(config: ConfigOption = None, output_dir: OutputDirOption = None, as_json: JsonOption = False) -> None:
+    """One row per training run: progress, baseline and best val_bpb, start time, duration."""
+    from multiagenttrainer.monitor import render_status_table, run_rows
+
+    try:
+        rows = run_rows(runs_dir(config, output_dir))
+    except MatError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(data=rows)
+    elif not rows:
+        out.print("No runs yet; start one with `mat train`.")
+    else:
+        render_status_table(out, rows)
+
+
+@app.command()
+def watch(
+    config: ConfigOption = None,
+    output_dir: OutputDirOption = None,
+    once: Annotated[bool, typer.Option("--once", help="Print the current state once and exit.")] = False,
+) -> None:
+    """Live view of every run under the output directory; exits when all of them are done."""
+    from multiagenttrainer.monitor import watch_runs
+
+    try:
+        watch_runs(out, runs_dir(config, output_dir), once=once)
+    except MatError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
 # --------------------------------------------------------------------------- server
 
 

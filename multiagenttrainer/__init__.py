@@ -2,6 +2,7 @@
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import ConfigError, MatError, SourceError
+from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.ingest import Ingester, IngestResult
 
 __version__ = "0.1.0"
@@ -12,6 +13,7 @@ __all__ = [
     "IngestResult",
     "Ingester",
     "MatError",
+    "Runner",
     "SourceError",
     "__version__",
     "load_config",

@@ -88,10 +88,14 @@ class LocalRepo:
         except OSError as exc:
             raise SourceError(self.name, f"cannot read {exc.filename or self.path}: {exc.strerror}") from exc
 
+    def _shown_path(self) -> str:
+        """The configured path, with its absolute form when that says more."""
+        return self.cfg.path if self.cfg.path == str(self.path) else f"{self.cfg.path} ({self.path})"
+
     def _require_directory(self) -> None:
         if not self.path.is_dir():
             problem = "is not a directory" if self.path.exists() else "does not exist"
             raise SourceError(
                 self.name,
-                f"path {self.cfg.path} ({self.path}) {problem}; fix `path:` of this source in the config",
+                f"path {self._shown_path()} {problem}; fix `path:` of this source in the config",
             )

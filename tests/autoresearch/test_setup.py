@@ -1,0 +1,277 @@
+"""A workspace set up from the fixture autoresearch repository holds exactly what its prepare.py reads.
+
+One set-up (module scope) over a run directory that starts with a default cache's leftovers: ClimbMix-like
+shards, a half-written download and a stale tokenizer. The tests then read the result back the way
+autoresearch does: parquet `text` rows, the pinned val file, the tokenizer files and a real training run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from multiagenttrainer.workspace.autoresearch import AutoresearchSetup, read_constants
+from multiagenttrainer.workspace.summary import parse_run_summary
+from tests.autoresearch.conftest import ASSET_DIR, BRANCH_MARKER, PublishedRepo, set_up
+from tests.git_sources.servers import GitHttpServer, git
+
+pytestmark = pytest.mark.integration
+
+VAL_FILENAME = "shard_06542.parquet"
+HEADER = re.compile(r"^### (?P<label>\S+)(?: \(part (?P<part>\d+)/(?P<parts>\d+)\))?\n")
+TRAIN_TIMEOUT_S = 120
+
+
+@dataclass
+class Prepared:
+    setup: AutoresearchSetup
+    run_dir: Path
+    workspace: Path
+    started: float
+
+
+def read_rows(path: Path) -> list[str]:
+    """The `text` column of a parquet file, as autoresearch's loader reads it."""
+    rows: list[str] = pq.read_table(path).column("text").to_pylist()
+    return rows
+
+
+def records(corpus: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in corpus.read_bytes().splitlines() if line.strip()]
+
+
+def modified_files(workspace: Path) -> set[str]:
+    """Paths `git status` reports as changed or untracked in the workspace."""
+    return {line.split()[-1] for line in git("status", "--porcelain", cwd=workspace).splitlines()}
+
+
+def label_of(row: str) -> str:
+    match = HEADER.match(row)
+    assert match, f"row does not start with a header line: {row[:80]!r}"
+    return match.group("label")
+
+
+def plant_default_cache(cache: Path) -> None:
+    """What a default ~/.cache/autoresearch holds: ClimbMix shards, a .tmp download, a stale tokenizer."""
+    data, tokenizer = cache / "data", cache / "tokenizer"
+    data.mkdir(parents=True)
+    tokenizer.mkdir()
+    leftover = pa.table({"text": ["CLIMBMIX LEFTOVER document"] * 3})
+    for name in ("shard_00000.parquet", "shard_00007.parquet", VAL_FILENAME):
+        pq.write_table(leftover, data / name)
+    (data / "shard_00008.parquet.tmp").write_bytes(b"half a download")
+    for name in ("tokenizer.pkl", "token_bytes.pt"):
+        (tokenizer / name).write_bytes(b"stale")
+        os.utime(tokenizer / name, (time.time() - 3600, time.time() - 3600))
+
+
+@pytest.fixture(scope="module")
+def prepared(
+    fake_autoresearch: PublishedRepo, library_corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Prepared:
+    run_dir = tmp_path_factory.mktemp("run")
+    plant_default_cache(run_dir / "cache" / "autoresearch")
+    started = time.time()
+    setup = set_up(str(fake_autoresearch.work), library_corpus, run_dir, train_time=42)
+    return Prepared(setup, run_dir, run_dir / "workspace", started)
+
+
+def data_dir(prepared: Prepared) -> Path:
+    return prepared.run_dir.resolve() / "cache" / "autoresearch" / "data"
+
+
+# ---------------------------------------------------------------- the workspace
+
+
+def test_workspace_is_the_repository_at_the_branch(
+    prepared: Prepared, fake_autoresearch: PublishedRepo
+) -> None:
+    assert git("rev-parse", "HEAD", cwd=prepared.workspace) == fake_autoresearch.head("master")
+    assert prepared.setup.commit == fake_autoresearch.head("master")
+    assert prepared.setup.branch == "master"
+    assert (prepared.workspace / BRANCH_MARKER).read_text() == "master\n"
+    # Only the set-up's own edit is pending; the caller commits it as the baseline.
+    assert modified_files(prepared.workspace) == {"prepare.py"}
+    assert prepared.setup.changed_files == ["prepare.py"]
+
+
+def test_cache_dir_and_time_budget_are_rewritten_and_nothing_else(prepared: Prepared) -> None:
+    source = (prepared.workspace / "prepare.py").read_text()
+    constants = read_constants(source)
+    cache = prepared.run_dir.resolve() / "cache" / "autoresearch"
+    assert constants["CACHE_DIR"] == str(cache) == prepared.setup.cache_dir
+    assert constants["DATA_DIR"] == str(cache / "data") == prepared.setup.data_dir
+    assert constants["TIME_BUDGET"] == 42
+    original = (ASSET_DIR / "prepare.py").read_text().splitlines()
+    changed = [new for old, new in zip(original, source.splitlines(), strict=True) if old != new]
+    assert [line.split(" = ")[0] for line in changed] == ["TIME_BUDGET", "CACHE_DIR"]
+    assert "expanduser" not in changed[1]
+
+
+# ---------------------------------------------------------------- the shards
+
+
+def test_only_our_shards_are_left_in_the_data_dir(prepared: Prepared) -> None:
+    names = sorted(path.name for path in data_dir(prepared).iterdir())
+    assert names == ["shard_00000.parquet", VAL_FILENAME]
+    assert prepared.setup.train_shards == 1
+    for name in names:
+        assert not any("CLIMBMIX" in row for row in read_rows(data_dir(prepared) / name))
+
+
+def test_shards_have_a_single_text_column(prepared: Prepared) -> None:
+    for path in data_dir(prepared).iterdir():
+        schema = pq.read_schema(path)
+        assert schema.names == ["text"]
+        assert pa.types.is_string(schema.field("text").type) or pa.types.is_large_string(
+            schema.field("text").type
+        )
+
+
+def test_rows_fit_the_sequence_length_and_repeat_the_file_header(
+    prepared: Prepared, library_corpus: Path
+) -> None:
+    assert prepared.setup.max_seq_len == 256  # read from the fixture's prepare.py
+    assert prepared.setup.chunk_chars == 256 * 3
+    parts: dict[str, dict[int, str]] = defaultdict(dict)
+    for path in data_dir(prepared).iterdir():
+        for row in read_rows(path):
+            assert len(row) <= prepared.setup.chunk_chars
+            match = HEADER.match(row)
+            assert match, row[:80]
+            parts[match.group("label")][int(match.group("part") or 1)] = row[match.end() :]
+    texts = {f"{r['repo']}/{r['path']}": r["text"] for r in records(library_corpus)}
+    split_files = [label for label, pieces in parts.items() if len(pieces) > 1]
+    assert split_files, "the corpus should hold files longer than one chunk"
+    for label, pieces in parts.items():
+        assert sorted(pieces) == list(range(1, len(pieces) + 1))
+        assert "".join(pieces[n] for n in sorted(pieces)) == texts[label]  # nothing lost, nothing added
+        assert all(pieces[n].endswith("\n") for n in sorted(pieces)[:-1])  # cut on line boundaries
+
+
+def test_val_documents_are_only_in_the_val_shard(prepared: Prepared, library_corpus: Path) -> None:
+    corpus = records(library_corpus)
+    val_labels = {f"{r['repo']}/{r['path']}" for r in corpus if r["split"] == "val"}
+    train_labels = {f"{r['repo']}/{r['path']}" for r in corpus if r["split"] == "train"}
+    val_rows = read_rows(data_dir(prepared) / VAL_FILENAME)
+    train_rows = read_rows(data_dir(prepared) / "shard_00000.parquet")
+    assert {label_of(row) for row in val_rows} == val_labels
+    assert {label_of(row) for row in train_rows} == train_labels
+    assert (prepared.setup.val_documents, prepared.setup.train_documents) == (
+        len(val_labels),
+        len(train_labels),
+    )
+    assert (prepared.setup.val_chunks, prepared.setup.train_chunks) == (len(val_rows), len(train_rows))
+    assert prepared.setup.val_carved_documents == 0
+
+
+# ---------------------------------------------------------------- tokenizer and training
+
+
+def test_tokenizer_is_retrained_for_this_corpus(prepared: Prepared) -> None:
+    tokenizer_dir = Path(prepared.setup.tokenizer_dir)
+    for name in ("tokenizer.pkl", "token_bytes.pt"):
+        assert (tokenizer_dir / name).stat().st_mtime >= prepared.started
+        assert (tokenizer_dir / name).read_bytes() != b"stale"
+    with (tokenizer_dir / "tokenizer.pkl").open("rb") as handle:
+        assert len(pickle.load(handle)["merges"]) > 0
+    log = (prepared.run_dir / "logs" / "prepare.log").read_text()
+    assert "Tokenizer: sanity check passed" in log
+    assert prepared.setup.tokenizer_seconds > 0
+
+
+def test_baseline_training_run_prints_a_parseable_summary(prepared: Prepared, tmp_path: Path) -> None:
+    home = tmp_path / "home"  # an empty HOME: the run must not need ~/.cache/autoresearch
+    home.mkdir()
+    env = {
+        **os.environ,
+        **prepared.setup.env,
+        "HOME": str(home),
+        "MAT_FIXED_STEPS": "3",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        prepared.setup.train_command,
+        cwd=prepared.workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TRAIN_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = parse_run_summary(done.stdout)
+    assert summary is not None, done.stdout[-2000:]
+    assert summary["num_steps"] == 3
+    assert 0 < summary["val_bpb"] < 20
+    assert list(home.iterdir()) == []
+
+
+def test_setup_describes_how_to_train(prepared: Prepared) -> None:
+    # The fixture is not a uv project, so mat's own interpreter runs it; the note says so.
+    assert prepared.setup.train_command == [sys.executable, "train.py"]
+    assert any("not a uv project" in note for note in prepared.setup.notes)
+    assert json.loads(json.dumps(prepared.setup.to_dict()))["train_shards"] == 1
+
+
+# ---------------------------------------------------------------- two runs, other transports, program.md
+
+
+def test_concurrent_runs_with_different_corpora_keep_separate_caches(
+    fake_autoresearch: PublishedRepo,
+    git_http: GitHttpServer,
+    library_corpus: Path,
+    tests_corpus_without_val: Path,
+    tmp_path: Path,
+) -> None:
+    program = tmp_path / "program.md"
+    program.write_text("# Our own program\nEdit train.py only.\n")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = pool.submit(set_up, f"file://{fake_autoresearch.bare}", library_corpus, tmp_path / "a")
+        second = pool.submit(
+            set_up,
+            f"{git_http.url}/karpathy/autoresearch.git",
+            tests_corpus_without_val,
+            tmp_path / "b",
+            branch="cpu",
+            program_md=str(program),
+        )
+        a, b = first.result(), second.result()
+
+    assert a.cache_dir != b.cache_dir
+    for setup, run, owner in ((a, "a", "acme/mat/"), (b, "b", "acme/tests/")):
+        prepare = (tmp_path / run / "workspace" / "prepare.py").read_text()
+        assert (
+            read_constants(prepare)["CACHE_DIR"]
+            == setup.cache_dir
+            == str((tmp_path / run).resolve() / "cache/autoresearch")
+        )
+        for path in Path(setup.data_dir).iterdir():
+            assert all(label_of(row).startswith(owner) for row in read_rows(path))
+    tokenizers = [(Path(s.tokenizer_dir) / "tokenizer.pkl").read_bytes() for s in (a, b)]
+    assert tokenizers[0] != tokenizers[1]
+
+    # The second run: branch cpu over HTTP, program.md replaced, val carved from a train-only corpus.
+    assert (tmp_path / "b" / "workspace" / BRANCH_MARKER).read_text() == "cpu\n"
+    assert (tmp_path / "b" / "workspace" / "program.md").read_text() == program.read_text()
+    assert b.changed_files == ["prepare.py", "program.md"]
+    assert modified_files(tmp_path / "b" / "workspace") == {"prepare.py", "program.md"}
+    assert b.val_carved_documents > 0 and b.val_documents == b.val_carved_documents
+    assert any("no val split" in note for note in b.notes)
+    val_labels = {label_of(row) for row in read_rows(Path(b.data_dir) / VAL_FILENAME)}
+    train_labels = {label_of(row) for row in read_rows(Path(b.data_dir) / "shard_00000.parquet")}
+    assert val_labels and train_labels and not val_labels & train_labels

@@ -1,0 +1,253 @@
+"""Run training on this machine: a subprocess in its own session, killed as a whole group on timeout.
+
+The command starts with `start_new_session=True`, so it leads a new session and process group that
+holds everything it spawns (data-loader workers, a shell's children). When it runs past its timeout, or
+mat itself is interrupted, the group gets SIGTERM, then SIGKILL after a grace period, and mat checks that
+no member is left: not a process of the group, nor of the session (a child that moved to its own group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from multiagenttrainer.config import LocalExecution
+from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.execution.base import RunOutcome
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 5.0  # between SIGTERM and SIGKILL
+GONE_TIMEOUT_S = 10.0  # how long SIGKILLed processes get to disappear before mat gives up
+POLL_S = 0.05
+
+_running_groups: set[int] = set()  # process groups of commands in flight, for terminate_running_groups
+_running_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------- process groups
+
+
+def read_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, process group, session) of a process from /proc/<pid>/stat; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[2]), int(fields[3])  # state, pgrp, session
+
+
+def session_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in the group or session `pgid`, found by scanning /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = read_stat(int(entry.name))
+        if stat is not None and stat[0] != "Z" and pgid in (stat[1], stat[2]):
+            members.append(int(entry.name))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group (or its session) is still running."""
+    if os.path.isdir("/proc/self"):
+        return bool(session_members(pgid))
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    """Send `sig` to the process group and to any session member that left the group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+    if os.path.isdir("/proc/self"):
+        for pid in session_members(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def wait_gone(pgid: int, timeout_s: float, leader: subprocess.Popen[bytes] | None) -> bool:
+    """Wait until nothing of the group is left (reaping the leader as we go); return whether it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if leader is not None:
+            leader.poll()  # reap it, or it lingers as a zombie
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+
+
+def kill_process_group(
+    pgid: int, leader: subprocess.Popen[bytes] | None = None, grace_s: float = GRACE_S
+) -> None:
+    """SIGTERM the group, SIGKILL it after `grace_s`, then verify that no member survived."""
+    signal_group(pgid, signal.SIGTERM)
+    if wait_gone(pgid, grace_s, leader):
+        return
+    signal_group(pgid, signal.SIGKILL)
+    if not wait_gone(pgid, GONE_TIMEOUT_S, leader):
+        survivors = ", ".join(map(str, session_members(pgid))) or "unknown"
+        raise ExperimentError(
+            f"processes of training group {pgid} survived SIGKILL (pids {survivors}); kill them by hand"
+        )
+
+
+def kill_groups_quietly(groups: set[int]) -> None:
+    """Kill several process groups, logging (not raising) when one will not die."""
+    for pgid in sorted(groups):
+        try:
+            kill_process_group(pgid)
+        except ExperimentError as exc:
+            log.error("%s", exc)
+
+
+def terminate_running_groups() -> None:
+    """Kill every command this process is running (used when mat itself is interrupted)."""
+    with _running_lock:
+        groups = set(_running_groups)
+    kill_groups_quietly(groups)
+
+
+def working_in(pid: int, root: Path) -> bool:
+    """Whether a process's current directory is `root` or below it."""
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    return cwd == root or root in cwd.parents
+
+
+def terminate_processes_in(directory: Path) -> list[int]:
+    """Kill the process groups of every process working in `directory`; return the groups killed.
+
+    This finds what a killed mat left running in a workspace (its training run, an agent). Processes of
+    mat's own session (the user's shell, mat itself, its git commands) are never touched.
+    """
+    if not os.path.isdir("/proc/self"):
+        return []
+    root = directory.resolve()
+    own = (os.getpgrp(), os.getsid(0))
+    groups: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or not working_in(int(entry.name), root):
+            continue
+        stat = read_stat(int(entry.name))
+        if stat is not None and stat[0] != "Z" and stat[1] not in own and stat[2] not in own:
+            groups.add(stat[1])
+    kill_groups_quietly(groups)
+    return sorted(groups)
+
+
+@contextlib.contextmanager
+def registered_group(pgid: int) -> Iterator[None]:
+    """Track a process group as running for as long as the block lasts."""
+    with _running_lock:
+        _running_groups.add(pgid)
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running_groups.discard(pgid)
+
+
+# ---------------------------------------------------------------- the executor
+
+
+def start_command(
+    workspace: Path, command: list[str], log_path: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start `command` in its own session with stdout and stderr going to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        try:
+            return subprocess.Popen(
+                command,
+                cwd=workspace,
+                env={**os.environ, **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ExperimentError(
+                f"cannot start training command {command[0]!r} in {workspace}: {exc.strerror}; "
+                "check that it is installed and on PATH"
+            ) from exc
+
+
+def append_log_line(log_path: Path, line: str) -> None:
+    """Add a line of mat's own to a run log (after the process has ended)."""
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"\n[mat] {line}\n")
+
+
+def wait_for_exit(
+    proc: subprocess.Popen[bytes], timeout_s: float, log_path: Path, grace_s: float
+) -> tuple[int | None, bool]:
+    """Wait for the command; on timeout kill its group. Return (exit code or None, timed out)."""
+    try:
+        exit_code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_process_group(proc.pid, leader=proc, grace_s=grace_s)
+        proc.wait()
+        append_log_line(log_path, f"killed after {timeout_s:.0f} s: the run exceeded its time limit")
+        return None, True
+    if group_alive(proc.pid):  # the command exited but left children behind
+        kill_process_group(proc.pid, leader=proc, grace_s=grace_s)
+    return exit_code, False
+
+
+class LocalExecutor:
+    """Runs training in the workspace on this machine; nothing to copy."""
+
+    def __init__(
+        self, cfg: LocalExecution | None = None, machine_name: str = "local", *, grace_s: float = GRACE_S
+    ) -> None:
+        self.cfg = cfg or LocalExecution()
+        self.name = machine_name
+        self.grace_s = grace_s  # between SIGTERM and SIGKILL
+
+    def prepare(self, workspace: Path) -> None:
+        """Check that the workspace exists; local training reads it in place."""
+        if not workspace.is_dir():
+            raise ExperimentError(f"workspace {workspace} does not exist; set the run up again")
+
+    def sync(self, workspace: Path, paths: list[str]) -> None:
+        """Nothing to do: training runs in the workspace itself."""
+
+    def fetch(self, workspace: Path, paths: list[str]) -> None:
+        """Nothing to do: outputs are already in the workspace."""
+
+    def cleanup(self) -> None:
+        """Nothing to release."""
+
+    def run(
+        self, workspace: Path, command: list[str], timeout_s: float, log_path: Path, env: dict[str, str]
+    ) -> RunOutcome:
+        """Run `command` in the workspace, output to `log_path`; kill its group on timeout or interrupt."""
+        started = time.monotonic()
+        proc = start_command(workspace, command, log_path, env)
+        with registered_group(proc.pid):
+            try:
+                exit_code, timed_out = wait_for_exit(proc, timeout_s, log_path, self.grace_s)
+            except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler: no orphans
+                kill_process_group(proc.pid, leader=proc, grace_s=self.grace_s)
+                raise
+        return RunOutcome(exit_code=exit_code, timed_out=timed_out, duration_s=time.monotonic() - started)

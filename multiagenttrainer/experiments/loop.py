@@ -1,0 +1,484 @@
+"""The experiment loop: agent -> commit -> train -> parse -> keep or reset -> results.tsv -> run.json.
+
+Experiment 0 is the unmodified baseline, trained without an agent. After it, each experiment is one of:
+
+harness mode (default)   the agent edits train.py; mat reverts any other edit, commits train.py, runs
+                         training through the executor under a timeout of 2 x train_time + margin,
+                         parses the summary block and keeps the commit or resets to the best one.
+agent mode               the agent runs the whole experiment itself as program.md says (commit, train,
+                         append a row to results.tsv, keep or reset); mat then reverts edits outside
+                         train.py, adopts the rows the agent appended (re-deciding keep/discard with
+                         its own rule), copies run.log, and leaves the branch at the best commit.
+
+A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing) is recorded as
+`crash` with the reason and the log tail, and the loop goes on. The order of the last steps makes a
+kill at any point recoverable: git is settled first, then the row is appended to results.tsv (the
+commit point that `--resume` trusts), then run.json is rewritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
+from multiagenttrainer.config import TrainingConfig
+from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.execution.base import Executor, RunOutcome
+from multiagenttrainer.experiments.decide import decide
+from multiagenttrainer.experiments.model import ExperimentResult, Status
+from multiagenttrainer.experiments.results import ResultRow, append_result, parse_rows, read_results
+from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState, now_iso
+from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.setup import RESULTS_FILE, Workspace, link_results
+from multiagenttrainer.workspace.summary import parse_run_summary
+
+log = logging.getLogger(__name__)
+
+ResultHook = Callable[[ExperimentResult], None]
+BASELINE_DESCRIPTION = "baseline"
+RUN_LOG = "run.log"
+MAX_NOTED_PATHS = 5
+
+
+class RunInterrupted(ExperimentError):
+    """mat was asked to stop (Ctrl-C, SIGTERM, cancellation) in the middle of an experiment."""
+
+
+@dataclass
+class LoopOptions:
+    """Knobs of the loop that are not part of the user's config."""
+
+    timeout_margin_s: float = 60.0  # training may take 2 x train_time + this before it is killed
+    log_tail_lines: int = 30  # lines of the training log kept in a crash's error
+
+
+@dataclass
+class Loop:
+    """Everything one experiment loop works with. `state` is shared with the caller and saved often."""
+
+    run_dir: Path
+    workspace: Workspace
+    state: RunState
+    agent: Agent | None
+    executor: Executor
+    training: TrainingConfig
+    hooks: Sequence[ResultHook] = ()
+    options: LoopOptions = field(default_factory=LoopOptions)
+    stop: threading.Event = field(default_factory=threading.Event)
+    save_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def machine(self) -> str:
+        return self.executor.name
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / RESULTS_FILE
+
+
+@dataclass
+class Attempt:
+    """An experiment in progress: what will be trained and what has been noted so far."""
+
+    experiment_id: int
+    base: str  # the best commit when the experiment started; discards reset to it
+    started_at: str = field(default_factory=now_iso)
+    clock: float = field(default_factory=time.monotonic)
+    commit: str = ""
+    description: str = BASELINE_DESCRIPTION
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def log_name(experiment_id: int, suffix: str = "log") -> str:
+    """`logs/exp-007.log` (training) or `logs/exp-007.agent.log` (agent), relative to the run dir."""
+    return f"logs/exp-{experiment_id:03d}.{suffix}"
+
+
+def tail(text: str, lines: int) -> str:
+    """The last `lines` lines of a log (progress lines rewritten with \\r count as lines)."""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_log(path: Path) -> str:
+    """A log file's text, or "" when there is none."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def name_paths(paths: list[str]) -> str:
+    """`a, b and 3 more` for a note about reverted files."""
+    shown = ", ".join(paths[:MAX_NOTED_PATHS])
+    return shown + (f" and {len(paths) - MAX_NOTED_PATHS} more" if len(paths) > MAX_NOTED_PATHS else "")
+
+
+def best_val(loop: Loop) -> float | None:
+    """The lowest kept val_bpb so far, or None before the first success."""
+    best = loop.state.best
+    return best.val_bpb if best else None
+
+
+def best_commit(loop: Loop) -> str:
+    """The commit the branch should point at: the best kept experiment's, else the baseline commit."""
+    best = loop.state.best
+    return best.commit if best else loop.workspace.baseline_commit
+
+
+def training_timeout_s(loop: Loop) -> float:
+    """How long a training run may take before its process group is killed."""
+    return 2 * loop.workspace.train_time_s + loop.options.timeout_margin_s
+
+
+def check_stop(loop: Loop) -> None:
+    """Raise RunInterrupted once mat has been asked to stop."""
+    if loop.stop.is_set():
+        run_id = loop.state.run_id
+        raise RunInterrupted(f"run {run_id} was interrupted; continue it with `mat train --resume {run_id}`")
+
+
+def save_state(loop: Loop) -> None:
+    """Rewrite run.json (one writer at a time)."""
+    with loop.save_lock:
+        loop.state.save(loop.run_dir)
+
+
+def set_phase(loop: Loop, attempt: Attempt, phase: Phase) -> None:
+    """Record in run.json which experiment this machine is on and in which phase, for `mat watch`."""
+    others = [c for c in loop.state.current if c.machine != loop.machine]
+    mine = CurrentExperiment(attempt.experiment_id, phase, attempt.started_at, loop.machine)
+    loop.state.current = [*others, mine]
+    save_state(loop)
+
+
+def clean_to(loop: Loop, commit: str) -> None:
+    """Put the branch on `commit` with a clean work tree (ignored files stay)."""
+    gitops.reset_hard(loop.workspace.path, commit, loop.workspace.branch)
+    gitops.revert_except(loop.workspace.path, keep=())
+
+
+def make_result(
+    attempt: Attempt, status: Status, val_bpb: float | None, *, error: str | None = None, **extra: Any
+) -> ExperimentResult:
+    """An ExperimentResult for an attempt, timed from its start to now; `extra` sets other fields."""
+    return ExperimentResult(
+        experiment_id=attempt.experiment_id,
+        commit=attempt.commit or attempt.base,
+        val_bpb=val_bpb,
+        memory_gb=float(extra.pop("memory_gb", 0.0)),
+        status=status,
+        description=attempt.description,
+        duration_s=round(time.monotonic() - attempt.clock, 3),
+        started_at=attempt.started_at,
+        finished_at=now_iso(),
+        error=error,
+        notes=list(attempt.notes),
+        **extra,
+    )
+
+
+def record(loop: Loop, result: ExperimentResult) -> None:
+    """Append the row (the commit point), then add the result to run.json, then call the hooks."""
+    append_result(loop.results_path, result)
+    loop.state.experiments.append(result)
+    loop.state.current = [c for c in loop.state.current if c.machine != loop.machine]
+    save_state(loop)
+    log.info("experiment %d: %s %s", result.experiment_id, result.status, result.val_bpb)
+    for hook in loop.hooks:
+        try:
+            hook(result)
+        except Exception:  # a failed alert or progress line must not stop the experiments
+            log.warning(
+                "on_result hook %r failed for experiment %d", hook, result.experiment_id, exc_info=True
+            )
+
+
+# ---------------------------------------------------------------- the agent's turn
+
+
+def build_request(loop: Loop, experiment_id: int, mode: str, timeout_s: float) -> AgentRequest:
+    """The agent's request: the workspace, the history and the prompt for this experiment."""
+    from multiagenttrainer.agents.prompt import build_prompt
+
+    history = list(loop.state.experiments)
+    prompt = build_prompt(loop.workspace.path, experiment_id, history, mode)
+    return AgentRequest(
+        workspace=loop.workspace.path,
+        experiment_id=experiment_id,
+        history=history,
+        prompt=prompt,
+        timeout_s=timeout_s,
+        mode=mode,
+        env=dict(loop.workspace.env),
+    )
+
+
+def call_agent(loop: Loop, attempt: Attempt, mode: str, timeout_s: float) -> AgentOutcome:
+    """Run the agent once and keep its output in logs/exp-NNN.agent.log."""
+    if loop.agent is None:
+        raise ExperimentError("no agent configured for experiments after the baseline")
+    set_phase(loop, attempt, "agent")
+    outcome = loop.agent.propose(build_request(loop, attempt.experiment_id, mode, timeout_s))
+    check_stop(loop)
+    agent_log = loop.run_dir / log_name(attempt.experiment_id, "agent.log")
+    agent_log.parent.mkdir(parents=True, exist_ok=True)
+    agent_log.write_text(outcome.log, encoding="utf-8")
+    if outcome.exit_code != 0 and not outcome.timed_out:
+        attempt.notes.append(f"agent exited with code {outcome.exit_code}")
+    return outcome
+
+
+def revert_other_edits(loop: Loop, attempt: Attempt) -> None:
+    """Undo edits outside train.py (committed ones too) and note them in the notes and the description."""
+    workspace, branch = loop.workspace.path, loop.workspace.branch
+    if gitops.current_branch(workspace) != branch:
+        gitops.attach_head(workspace, branch)  # the agent switched branches: come back, keeping its edits
+    if gitops.head_sha(workspace) != attempt.base:
+        gitops.reset_soft(workspace, attempt.base)  # the agent committed: judge its changes as edits
+    reverted = gitops.revert_except(workspace)
+    if reverted:
+        attempt.notes.append(f"reverted edits to {name_paths(reverted)}")
+        attempt.description += f" (reverted edits to {name_paths(reverted)})"
+
+
+def agent_failure(loop: Loop, attempt: Attempt, outcome: AgentOutcome) -> str | None:
+    """Why the agent's turn produced nothing to train, or None when train.py changed."""
+    if outcome.timed_out:
+        return f"agent timed out after {loop.training.agent_timeout} s"
+    if not gitops.train_py_changed(loop.workspace.path):
+        return "agent made no change to train.py"
+    return None
+
+
+# ---------------------------------------------------------------- harness mode
+
+
+def propose_change(loop: Loop, attempt: Attempt) -> ExperimentResult | None:
+    """The agent's turn in harness mode; a crash result when there is nothing to train."""
+    outcome = call_agent(loop, attempt, "harness", float(loop.training.agent_timeout))
+    attempt.description = " ".join(outcome.description.split()) or "no description"
+    revert_other_edits(loop, attempt)
+    reason = agent_failure(loop, attempt, outcome)
+    if reason is None:
+        attempt.commit = gitops.commit_paths(loop.workspace.path, attempt.description, [gitops.TRAIN_FILE])
+        return None
+    clean_to(loop, attempt.base)
+    error = f"{reason}\n{tail(outcome.log, loop.options.log_tail_lines)}".rstrip()
+    return make_result(
+        attempt, "crash", None, error=error, log_path=log_name(attempt.experiment_id, "agent.log")
+    )
+
+
+def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str]:
+    """Run training on the executor; return how it ended and the log text."""
+    set_phase(loop, attempt, "training")
+    workspace = loop.workspace
+    log_path = loop.run_dir / log_name(attempt.experiment_id)
+    loop.executor.sync(workspace.path, [gitops.TRAIN_FILE])
+    outcome = loop.executor.run(
+        workspace.path, workspace.train_command, training_timeout_s(loop), log_path, workspace.env
+    )
+    check_stop(loop)
+    return outcome, read_log(log_path)
+
+
+def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, timeout_s: float) -> str | None:
+    """Why a training run produced no result, or None when it did."""
+    if outcome.timed_out:
+        return f"training timed out after {timeout_s:.0f} s (2 x train_time + margin) and was killed"
+    if outcome.exit_code != 0:
+        return f"training exited with code {outcome.exit_code}"
+    if summary is None:
+        return "training printed no finite val_bpb in its summary block"
+    return None
+
+
+def judge(loop: Loop, attempt: Attempt, outcome: RunOutcome, log_text: str) -> ExperimentResult:
+    """Turn a finished run into a result: crash, keep or discard."""
+    summary = parse_run_summary(log_text)
+    reason = crash_reason(outcome, summary, training_timeout_s(loop))
+    extra: dict[str, Any] = {"training_s": round(outcome.duration_s, 3), "machine": loop.machine}
+    extra["log_path"] = log_name(attempt.experiment_id)
+    if reason is not None:
+        error = f"{reason}\n{tail(log_text, loop.options.log_tail_lines)}".rstrip()
+        return make_result(attempt, "crash", None, error=error, summary=dict(summary or {}), **extra)
+    assert summary is not None
+    val_bpb = float(summary["val_bpb"])
+    memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
+    status = decide(val_bpb, best_val(loop))
+    return make_result(attempt, status, val_bpb, summary=dict(summary), memory_gb=memory_gb, **extra)
+
+
+def run_harness_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
+    """One experiment where mat trains: agent (not for the baseline) -> commit -> train -> keep or reset."""
+    if attempt.experiment_id == 0:
+        attempt.commit = attempt.base
+    else:
+        crashed = propose_change(loop, attempt)
+        if crashed is not None:
+            return [crashed]
+    outcome, log_text = train(loop, attempt)
+    set_phase(loop, attempt, "recording")
+    result = judge(loop, attempt, outcome, log_text)
+    if result.status != "keep":
+        clean_to(loop, attempt.base)
+    return [result]
+
+
+# ---------------------------------------------------------------- agent mode
+
+
+def read_agent_results(loop: Loop, before: str) -> list[ResultRow]:
+    """Rows the agent appended to results.tsv; the file is then restored to `before` (mat appends them).
+
+    The agent may have rewritten the file, or replaced the workspace link with a file of its own; rows
+    that were not there before are taken in order either way.
+    """
+    link = loop.workspace.path / RESULTS_FILE
+    replaced = link.exists() and not link.is_symlink()
+    after = read_log(link if replaced else loop.results_path)
+    if after.startswith(before):
+        added = parse_rows(after[len(before) :])
+    else:
+        known = set(before.splitlines())
+        added = parse_rows("\n".join(line for line in after.splitlines() if line not in known))
+    if replaced:
+        gitops.delete_path(loop.workspace.path, RESULTS_FILE)
+    restore_text(loop.results_path, before)
+    link_results(loop.run_dir, loop.workspace.path)
+    return added
+
+
+def restore_text(path: Path, text: str) -> None:
+    """Rewrite a small file atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.restore")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def adopt_rows(loop: Loop, attempt: Attempt, rows: list[ResultRow], log_text: str) -> list[ExperimentResult]:
+    """ExperimentResults for the agent's rows, with keep/discard decided by mat's rule."""
+    results: list[ExperimentResult] = []
+    best = best_val(loop)
+    summary = parse_run_summary(log_text) or {}
+    for index, row in enumerate(rows):
+        last = index == len(rows) - 1
+        status = "crash" if row.status == "crash" else decide(row.val_bpb, best)
+        notes = list(attempt.notes)
+        if status != row.status:
+            notes.append(f"the agent recorded {row.status}; mat's rule says {status}")
+        if status == "keep":
+            best = row.val_bpb
+        step = Attempt(attempt.experiment_id + index, attempt.base, attempt.started_at, attempt.clock)
+        step.commit = gitops.resolve_commit(loop.workspace.path, row.commit) or row.commit
+        step.description, step.notes = row.description or "no description", notes
+        error = None
+        if status == "crash":
+            error = f"the agent recorded a crash\n{tail(log_text, loop.options.log_tail_lines)}"
+        extra: dict[str, Any] = {"machine": loop.machine, "memory_gb": row.memory_gb}
+        if last:
+            extra.update(log_path=log_name(attempt.experiment_id), summary=dict(summary))
+        results.append(
+            make_result(step, status, None if status == "crash" else row.val_bpb, error=error, **extra)
+        )
+    return results
+
+
+def keep_only_train_py(loop: Loop, attempt: Attempt, result: ExperimentResult) -> None:
+    """If a kept commit changed files besides train.py, rebuild it on the base with train.py alone."""
+    workspace = loop.workspace.path
+    changed = gitops.changed_between(workspace, attempt.base, result.commit)
+    others = [path for path in changed if path != gitops.TRAIN_FILE]
+    if not others:
+        return
+    message = gitops.commit_message(workspace, result.commit) or result.description
+    clean_to(loop, attempt.base)
+    gitops.run_git(workspace, "checkout", result.commit, "--", gitops.TRAIN_FILE)
+    result.commit = gitops.commit_paths(workspace, message, [gitops.TRAIN_FILE])
+    result.notes.append(f"reverted edits to {name_paths(others)}")
+    result.description += f" (reverted edits to {name_paths(others)})"
+
+
+def settle_agent_branch(loop: Loop, attempt: Attempt, results: list[ExperimentResult]) -> None:
+    """Leave the branch at the best commit: the last kept row's (train.py changes only) or the base."""
+    kept = [r for r in results if r.status == "keep"]
+    if kept and gitops.resolve_commit(loop.workspace.path, kept[-1].commit):
+        keep_only_train_py(loop, attempt, kept[-1])
+        clean_to(loop, kept[-1].commit)
+    else:
+        for result in kept:  # a kept row whose commit does not exist cannot be the best
+            result.status, result.val_bpb = "crash", None
+            result.error = f"commit {result.commit[:7]} of the agent's row does not exist"
+        clean_to(loop, attempt.base)
+
+
+def run_agent_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
+    """One experiment that the agent runs itself; mat checks and records what it did."""
+    workspace = loop.workspace.path
+    read_results(loop.results_path)  # repairs a torn line before the agent appends
+    before = read_log(loop.results_path)
+    (workspace / RUN_LOG).unlink(missing_ok=True)
+    timeout_s = loop.training.agent_timeout + training_timeout_s(loop)
+    outcome = call_agent(loop, attempt, "agent", timeout_s)
+    set_phase(loop, attempt, "recording")
+    rows = read_agent_results(loop, before)
+    run_log = read_log(workspace / RUN_LOG)
+    if run_log:
+        (loop.run_dir / log_name(attempt.experiment_id)).write_text(run_log, encoding="utf-8")
+    reverted = gitops.revert_except(workspace)
+    if reverted:
+        attempt.notes.append(f"reverted uncommitted edits to {name_paths(reverted)}")
+    if not rows:
+        reason = "agent left no row in results.tsv"
+        if outcome.timed_out:
+            reason = f"agent timed out after {timeout_s:.0f} s"
+        clean_to(loop, attempt.base)
+        logs = tail(run_log or outcome.log, loop.options.log_tail_lines)
+        return [make_result(attempt, "crash", None, error=f"{reason}\n{logs}".rstrip(), machine=loop.machine)]
+    results = adopt_rows(loop, attempt, rows, run_log)
+    settle_agent_branch(loop, attempt, results)
+    return results
+
+
+# ---------------------------------------------------------------- the loop
+
+MODES: dict[str, Callable[[Loop, Attempt], list[ExperimentResult]]] = {
+    "harness": run_harness_experiment,
+    "agent": run_agent_experiment,
+}
+
+
+def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+    """Run one experiment (the baseline always in harness mode) and record its result(s)."""
+    attempt = Attempt(experiment_id, best_commit(loop))
+    clean_to(loop, attempt.base)
+    mode = "harness" if experiment_id == 0 else loop.training.mode
+    results = MODES[mode](loop, attempt)
+    for result in results:
+        record(loop, result)
+    return results
+
+
+def run_loop(loop: Loop, max_experiments: int) -> list[ExperimentResult]:
+    """Run experiments until the run holds `max_experiments` of them; return the ones run now."""
+    workspace = loop.workspace.path
+    loop.executor.prepare(workspace)
+    link_results(loop.run_dir, workspace)
+    done: list[ExperimentResult] = []
+    try:
+        while len(loop.state.experiments) < max_experiments:
+            check_stop(loop)
+            done += run_experiment(loop, len(loop.state.experiments))
+    finally:
+        loop.state.current = [c for c in loop.state.current if c.machine != loop.machine]
+        loop.executor.cleanup()
+    return done

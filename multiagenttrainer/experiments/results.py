@@ -1,0 +1,127 @@
+"""results.tsv, byte-compatible with karpathy/autoresearch, so its analysis notebook reads our files.
+
+    commit	val_bpb	memory_gb	status	description
+    a1b2c3d	2.443905	0.4	keep	baseline
+    c3d4e5f	0.000000	0.0	crash	remove layer norm
+
+Rows are appended with one `write` on an O_APPEND descriptor followed by fsync, so a row is never
+interleaved with another writer's and a kill leaves whole rows. A torn last line (a machine crash, or an
+agent writing the file itself) is cut away by `read_results` before anything else is appended.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from multiagenttrainer.experiments.model import ExperimentResult, Status
+
+RESULTS_HEADER = "commit\tval_bpb\tmemory_gb\tstatus\tdescription"
+STATUSES: frozenset[str] = frozenset({"keep", "discard", "crash"})
+SHORT_SHA = 7
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One data row of results.tsv. `val_bpb` is None for a crash (written as 0.000000)."""
+
+    commit: str
+    val_bpb: float | None
+    memory_gb: float
+    status: Status
+    description: str
+
+
+def clean_description(text: str) -> str:
+    """A description on one line: tabs, carriage returns and newlines become spaces."""
+    return text.replace("\t", " ").replace("\r", " ").replace("\n", " ").strip()
+
+
+def format_row(result: ExperimentResult | ResultRow) -> str:
+    """One results.tsv line (with its newline) exactly as autoresearch writes it."""
+    crashed = result.status == "crash" or result.val_bpb is None or not math.isfinite(result.val_bpb)
+    val_bpb = 0.0 if crashed or result.val_bpb is None else result.val_bpb
+    memory_gb = 0.0 if crashed else result.memory_gb
+    fields = (
+        result.commit[:SHORT_SHA],
+        f"{val_bpb:.6f}",
+        f"{memory_gb:.1f}",
+        result.status,
+        clean_description(result.description),
+    )
+    return "\t".join(fields) + "\n"
+
+
+def parse_row(line: str) -> ResultRow | None:
+    """A data line as a ResultRow; None for the header, a blank line or a line that is not a row."""
+    fields = line.rstrip("\r\n").split("\t", 4)
+    if len(fields) < 4 or fields[0] == "commit":
+        return None
+    commit, val_text, memory_text, status = (field.strip() for field in fields[:4])
+    if status not in STATUSES or not commit:
+        return None
+    try:
+        val_bpb, memory_gb = float(val_text), float(memory_text)
+    except ValueError:
+        return None
+    crashed = status == "crash" or not math.isfinite(val_bpb)
+    description = fields[4].strip() if len(fields) == 5 else ""
+    return ResultRow(commit, None if crashed else val_bpb, memory_gb, status, description)  # type: ignore[arg-type]
+
+
+def parse_rows(text: str) -> list[ResultRow]:
+    """Every data row in a results.tsv text, skipping the header and lines that are not rows."""
+    return [row for row in map(parse_row, text.splitlines()) if row is not None]
+
+
+def repair_torn_line(path: Path) -> bool:
+    """Cut a last line that has no newline (a torn write) off the file; return whether it cut."""
+    try:
+        with path.open("r+b") as handle:
+            data = handle.read()
+            if not data or data.endswith(b"\n"):
+                return False
+            handle.truncate(data.rfind(b"\n") + 1)
+            handle.flush()
+            os.fsync(handle.fileno())
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def ensure_header(path: Path) -> None:
+    """Create results.tsv with only the header line when it is missing or empty."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    repair_torn_line(path)
+    if not path.exists() or path.stat().st_size == 0:
+        write_line(path, RESULTS_HEADER + "\n")
+
+
+def read_results(path: Path) -> list[ResultRow]:
+    """The rows of results.tsv after repairing a torn last line; [] when the file does not exist."""
+    repair_torn_line(path)
+    try:
+        return parse_rows(path.read_text(encoding="utf-8", errors="replace"))
+    except FileNotFoundError:
+        return []
+
+
+def append_result(path: Path, result: ExperimentResult | ResultRow) -> None:
+    """Append one row: a single write of the whole line to an O_APPEND descriptor, then fsync."""
+    ensure_header(path)
+    write_line(path, format_row(result))
+
+
+def write_line(path: Path, line: str) -> None:
+    """Append `line` with one os.write and fsync it."""
+    data = line.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):  # never seen for a line this short on a local disk, but not silent
+            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,385 @@
+"""The library API for training runs: set a workspace up, run experiments, resume after a kill.
+
+    runner = Runner(cfg.autoresearch, cfg.training, name="nightly")
+    workspace = runner.setup_workspace("corpus/corpus.txt")
+    results = await runner.run_experiments(workspace)      # [ExperimentResult(experiment_id, val_bpb, ...)]
+
+    runner, workspace = Runner.resume("20250101-020000-nightly", "./runs")
+    results = await runner.run_experiments(workspace)      # continues after the last recorded experiment
+
+A run lives in `<output_dir>/<run_id>/` (layout in run_state.py). Resuming trusts results.tsv: its rows
+are the finished experiments, run.json is brought in line with them, and the workspace is reset to the
+best kept commit, so no finished experiment is lost or run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+
+from multiagenttrainer.agents.base import Agent
+from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
+from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.execution.base import Executor
+from multiagenttrainer.experiments.loop import Loop, LoopOptions, ResultHook, RunInterrupted, run_loop
+from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.experiments.results import ResultRow, read_results
+from multiagenttrainer.experiments.run_state import (
+    RUN_FILE,
+    CurrentExperiment,
+    RunState,
+    RunStatus,
+    load_run,
+    now_iso,
+    pid_alive,
+)
+from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.setup import RESULTS_FILE, Workspace, link_results, setup_workspace
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME = "run"
+STOP_WAIT_S = 30.0  # how long an interrupted run waits for its worker thread to wind down
+RECOVERED_NOTE = "recovered from results.tsv after an interrupted run"
+
+
+# ---------------------------------------------------------------- run directories
+
+
+def slugify(name: str) -> str:
+    """A run name reduced to characters safe in a directory and a git branch name."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")
+    return re.sub(r"\.{2,}", ".", slug).removesuffix(".lock") or DEFAULT_NAME
+
+
+def claim_run_dir(output_dir: Path, name: str, now: datetime | None = None) -> Path:
+    """Create `<output_dir>/<YYYYmmdd-HHMMSS>-<name>`, adding -2, -3, ... when that is taken."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    base = f"{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}-{slugify(name)}"
+    for attempt in range(1, 1000):
+        candidate = output_dir / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            candidate.mkdir()  # atomic: two runners never get the same directory
+        except FileExistsError:
+            continue
+        return candidate
+    raise ExperimentError(f"could not create a run directory for {name!r} under {output_dir}")
+
+
+def config_snapshot(autoresearch: AutoresearchConfig, training: TrainingConfig) -> dict[str, object]:
+    """The config sections a run depends on, as stored in run.json (and read back by resume)."""
+    return {
+        "autoresearch": autoresearch.model_dump(mode="json"),
+        "training": training.model_dump(mode="json"),
+    }
+
+
+def find_run_dir(run_id: str, output_dir: Path) -> Path:
+    """The directory of a run, given its id (under output_dir) or its path."""
+    for candidate in (output_dir / run_id, Path(run_id)):
+        if (candidate / RUN_FILE).is_file():
+            return candidate.absolute()
+    raise ExperimentError(f"no run {run_id!r} under {output_dir}; `mat status` lists the runs there")
+
+
+# ---------------------------------------------------------------- resume: results.tsv is the truth
+
+
+def recovered_result(workspace: Path, experiment_id: int, row: ResultRow) -> ExperimentResult:
+    """An ExperimentResult rebuilt from a results.tsv row that run.json missed."""
+    return ExperimentResult(
+        experiment_id=experiment_id,
+        commit=gitops.resolve_commit(workspace, row.commit) or row.commit,
+        val_bpb=row.val_bpb,
+        memory_gb=row.memory_gb,
+        status=row.status,
+        description=row.description,
+        notes=[RECOVERED_NOTE],
+    )
+
+
+def reconcile_experiments(state: RunState, rows: list[ResultRow], workspace: Path) -> list[str]:
+    """Make run.json's experiments match results.tsv row by row; return what changed, for the log."""
+    changes: list[str] = []
+    kept: list[ExperimentResult] = []
+    for index, row in enumerate(rows):
+        known = state.experiments[index] if index < len(state.experiments) else None
+        if known is not None and known.commit[:7] == row.commit[:7] and known.status == row.status:
+            kept.append(known)
+        else:
+            kept.append(recovered_result(workspace, index, row))
+            changes.append(f"experiment {index} taken from results.tsv")
+    if len(state.experiments) > len(rows):
+        changes.append(f"{len(state.experiments) - len(rows)} experiments without a results.tsv row dropped")
+    state.experiments = kept
+    return changes
+
+
+def reset_to_best(state: RunState, workspace: Workspace) -> str:
+    """Put the workspace branch on the best kept commit (the baseline commit if none), clean."""
+    best = state.best
+    target = best.commit if best else workspace.baseline_commit
+    if gitops.resolve_commit(workspace.path, target) is None:
+        raise ExperimentError(
+            f"commit {target[:7]} of run {state.run_id} is missing from {workspace.path}; it cannot resume"
+        )
+    gitops.reset_hard(workspace.path, target, workspace.branch)
+    gitops.revert_except(workspace.path, keep=())
+    return target
+
+
+def reconcile_run(run_dir: Path, state: RunState, workspace: Workspace) -> None:
+    """Bring a killed run back to a consistent state: results.tsv, run.json and the workspace agree."""
+    rows = read_results(run_dir / RESULTS_FILE)  # also cuts a torn last line
+    for change in reconcile_experiments(state, rows, workspace.path):
+        log.info("resume %s: %s", state.run_id, change)
+    link_results(run_dir, workspace.path)
+    target = reset_to_best(state, workspace)
+    state.current = []
+    log.info("resume %s: %d experiments done, workspace at %s", state.run_id, len(rows), target[:7])
+
+
+def still_running(state: RunState) -> bool:
+    """Whether another live process on this host owns the run."""
+    return (
+        state.status == "running"
+        and state.host == socket.gethostname()
+        and state.pid != os.getpid()
+        and pid_alive(state.pid)
+    )
+
+
+# ---------------------------------------------------------------- interrupts
+
+
+def stop_processes(workspace: Path) -> None:
+    """Kill whatever this run started: training commands and anything still running in the workspace."""
+    from multiagenttrainer.execution.local import terminate_processes_in, terminate_running_groups
+
+    terminate_running_groups()
+    terminate_processes_in(workspace)
+
+
+_active_runs: dict[int, tuple[threading.Event, Path]] = {}  # id -> (stop flag, workspace), for SIGTERM
+_active_lock = threading.Lock()
+_previous_handler: list[object] = []  # the SIGTERM handler to restore when the last run ends
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Stop every run of this process and kill what they are running; the loops then raise RunInterrupted."""
+    with _active_lock:
+        runs = list(_active_runs.values())
+    for stop, _ in runs:
+        stop.set()
+    for _, workspace in runs:
+        stop_processes(workspace)
+
+
+@contextlib.contextmanager
+def sigterm_stops(stop: threading.Event, workspace: Path) -> Iterator[None]:
+    """While the block runs, SIGTERM stops this run and kills its processes.
+
+    One handler serves every run of the process (several Runners may run at once); it is installed when
+    the first run starts and the previous handler is put back when the last one ends. Signal handlers
+    can only be set from the main thread, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    key = id(stop)
+    with _active_lock:
+        if not _active_runs:
+            _previous_handler[:] = [signal.signal(signal.SIGTERM, on_sigterm)]
+        _active_runs[key] = (stop, workspace)
+    try:
+        yield
+    finally:
+        with _active_lock:
+            del _active_runs[key]
+            if not _active_runs and _previous_handler:
+                signal.signal(signal.SIGTERM, _previous_handler.pop())  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- the Runner
+
+
+def as_hooks(on_result: ResultHook | Sequence[ResultHook] | None) -> list[ResultHook]:
+    """One callback, several, or none, as a list."""
+    if on_result is None:
+        return []
+    return [on_result] if callable(on_result) else list(on_result)
+
+
+class Runner:
+    """Sets up one training run and runs its experiments; see the module docstring."""
+
+    def __init__(
+        self,
+        autoresearch_cfg: AutoresearchConfig,
+        training_cfg: TrainingConfig,
+        name: str | None = None,
+        *,
+        output_dir: str | Path | None = None,
+        agent: Agent | None = None,
+        executor: Executor | None = None,
+        on_result: ResultHook | Sequence[ResultHook] | None = None,
+        options: LoopOptions | None = None,
+    ) -> None:
+        self.autoresearch = autoresearch_cfg
+        self.training = training_cfg
+        self.name = name or DEFAULT_NAME
+        self.output_dir = Path(output_dir if output_dir is not None else training_cfg.output_dir)
+        self.agent = agent
+        self.executor = executor
+        self.hooks = as_hooks(on_result)
+        self.options = options or LoopOptions()
+        self.run_dir: Path | None = None
+        self.state: RunState | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        """`YYYYmmdd-HHMMSS-<name>` once the run exists."""
+        return self.state.run_id if self.state else None
+
+    def _require_run(self) -> tuple[Path, RunState]:
+        if self.run_dir is None or self.state is None:
+            raise ExperimentError("call setup_workspace() (or Runner.resume) before run_experiments()")
+        return self.run_dir, self.state
+
+    def _finish(self, status: RunStatus, error: str | None = None) -> None:
+        run_dir, state = self._require_run()
+        state.status, state.error, state.current = status, error, []
+        state.finished_at = now_iso()
+        state.save(run_dir)
+
+    def setup_workspace(self, corpus_path: str | Path, env: dict[str, str] | None = None) -> Workspace:
+        """Create the run directory and its workspace from a corpus (dir, corpus.txt or corpus.jsonl)."""
+        run_dir = claim_run_dir(self.output_dir, self.name).absolute()
+        created = now_iso()
+        self.run_dir = run_dir
+        self.state = RunState(
+            run_id=run_dir.name,
+            name=self.name,
+            status="running",
+            max_experiments=self.training.max_experiments,
+            created_at=created,
+            updated_at=created,
+            config=config_snapshot(self.autoresearch, self.training),
+            current=[CurrentExperiment(0, "setup", created, "local")],
+            pid=os.getpid(),
+            host=socket.gethostname(),
+        )
+        self.state.save(run_dir)
+        try:
+            workspace = setup_workspace(
+                run_dir, Path(corpus_path), self.autoresearch, run_tag=run_dir.name, env=env
+            )
+        except BaseException as exc:
+            self._finish("failed", str(exc))
+            raise
+        self.state.workspace = workspace.to_dict()
+        self.state.current = []
+        self.state.save(run_dir)
+        return workspace
+
+    def _make_loop(self, workspace: Workspace, max_experiments: int, stop: threading.Event) -> Loop:
+        run_dir, state = self._require_run()
+        agent = self.agent
+        if agent is None and max_experiments > max(1, state.done):
+            from multiagenttrainer.agents import make_agent
+
+            agent = make_agent(self.training)
+        if self.executor is None:
+            from multiagenttrainer.execution.registry import make_executor
+
+            self.executor = make_executor(self.training.execution)
+        return Loop(
+            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop
+        )
+
+    async def run_experiments(
+        self, workspace: Workspace, max_experiments: int | None = None
+    ) -> list[ExperimentResult]:
+        """Run experiments until the run holds `max_experiments`; return all of the run's results."""
+        run_dir, state = self._require_run()
+        state.max_experiments = max_experiments or state.max_experiments
+        state.workspace, state.status = workspace.to_dict(), "running"
+        state.pid, state.host, state.finished_at, state.error = os.getpid(), socket.gethostname(), None, None
+        state.save(run_dir)
+        stop, finished = threading.Event(), threading.Event()
+        loop = self._make_loop(workspace, state.max_experiments, stop)
+
+        def work() -> list[ExperimentResult]:
+            try:
+                return run_loop(loop, state.max_experiments)
+            finally:
+                finished.set()
+
+        with sigterm_stops(stop, workspace.path):
+            try:
+                await asyncio.to_thread(work)
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                stop.set()
+                stop_processes(workspace.path)
+                finished.wait(STOP_WAIT_S)
+                self._finish("interrupted", "interrupted")
+                raise
+            except RunInterrupted as exc:
+                self._finish("interrupted", str(exc))
+                raise
+            except BaseException as exc:
+                self._finish("failed", f"{type(exc).__name__}: {exc}")
+                raise
+        self._finish("completed")
+        return list(state.experiments)
+
+    @classmethod
+    def resume(
+        cls,
+        run_id: str,
+        output_dir: str | Path | None = None,
+        *,
+        agent: Agent | None = None,
+        executor: Executor | None = None,
+        on_result: ResultHook | Sequence[ResultHook] | None = None,
+        options: LoopOptions | None = None,
+    ) -> tuple[Runner, Workspace]:
+        """Reopen a run after a kill: reconcile results.tsv, run.json and the workspace, ready to continue."""
+        run_dir = find_run_dir(
+            run_id, Path(output_dir if output_dir is not None else TrainingConfig().output_dir)
+        )
+        state = load_run(run_dir)
+        if still_running(state):
+            raise ExperimentError(f"run {state.run_id} is still running (pid {state.pid}); stop it first")
+        if not state.workspace:
+            raise ExperimentError(f"run {state.run_id} never finished its set-up; start a new run instead")
+        autoresearch = AutoresearchConfig.model_validate(state.config.get("autoresearch", {}))
+        training = TrainingConfig.model_validate(state.config.get("training", {}))
+        runner = cls(
+            autoresearch,
+            training,
+            state.name,
+            output_dir=run_dir.parent,
+            agent=agent,
+            executor=executor,
+            on_result=on_result,
+            options=options,
+        )
+        workspace = Workspace.from_dict(state.workspace)
+        stop_processes(workspace.path)  # a SIGKILLed mat leaves its training process running
+        reconcile_run(run_dir, state, workspace)
+        state.status, state.pid, state.host = "running", os.getpid(), socket.gethostname()
+        state.finished_at, state.error = None, None
+        state.save(run_dir)
+        runner.run_dir, runner.state = run_dir, state
+        return runner, workspace

@@ -1,0 +1,262 @@
+"""Set up a run's workspace: a fresh git work tree holding train.py, the fixed files and the data.
+
+    <run_dir>/
+      results.tsv            the run's table (header only at first)
+      workspace/             git repo on branch autoresearch/<run-tag>, first commit "baseline"
+        results.tsv -> ../results.tsv   (autoresearch's agents expect it in the work tree; git-ignored)
+
+Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin from the
+corpus. Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the
+corpus; this module adds the branch, the ignore rules, the results link and the baseline commit.
+
+The Workspace record says how to run training there; it is stored in run.json so `--resume` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import xxhash
+
+from multiagenttrainer.config import AutoresearchConfig
+from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
+from multiagenttrainer.experiments.results import ensure_header
+from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.builtin import render_template, write_builtin_data
+
+log = logging.getLogger(__name__)
+
+WorkspaceKind = Literal["builtin", "autoresearch"]
+WORKSPACE_DIR = "workspace"
+RESULTS_FILE = "results.tsv"
+BRANCH_PREFIX = "autoresearch/"
+BASELINE_MESSAGE = "baseline"
+IGNORED = (
+    "data/",
+    "run.log",
+    "results.tsv",
+    "logs/",
+    "__pycache__/",
+    "*.pt",
+    ".mat-description",  # where command agents leave the one-line description of their change
+)
+TEXT_CHUNK_CHARS = 4096  # document size when a plain-text corpus has no header lines to split on
+VAL_ONE_IN = 10  # plain-text corpus: one document in ten (by hash of its name) is validation
+_HEADER = re.compile(r"^--- source: (?P<source>.*?) \| (?:repo: (?P<repo>.*?) \| )?path: (?P<path>.*) ---$")
+
+
+@dataclass
+class Workspace:
+    """Where a run's work tree is and how to run training in it (JSON-able through to_dict)."""
+
+    path: Path
+    kind: WorkspaceKind
+    train_command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    train_time_s: int = 300
+    branch: str = ""
+    baseline_commit: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Workspace:
+        values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**{**values, "path": Path(values["path"])})
+
+
+# ---------------------------------------------------------------- the corpus
+
+
+def locate_corpus_jsonl(corpus_path: Path, scratch_dir: Path) -> Path:
+    """The corpus.jsonl for a corpus dir, a corpus.jsonl, or a corpus.txt (converted when it has no jsonl)."""
+    corpus_path = Path(corpus_path).expanduser()
+    if corpus_path.is_dir():
+        corpus_path = corpus_path / "corpus.jsonl"
+        if not corpus_path.is_file() and (corpus_path.parent / "corpus.txt").is_file():
+            corpus_path = corpus_path.parent / "corpus.txt"
+    if not corpus_path.is_file():
+        raise CorpusError(f"no corpus at {corpus_path}: run `mat ingest` first or pass the corpus directory")
+    if corpus_path.suffix == ".jsonl":
+        return corpus_path
+    beside = corpus_path.with_name("corpus.jsonl")
+    if beside.is_file():
+        return beside
+    return text_to_jsonl(corpus_path, scratch_dir / "corpus.jsonl")
+
+
+def text_to_jsonl(text_path: Path, jsonl_path: Path) -> Path:
+    """Split a plain-text corpus into corpus.jsonl records with a deterministic train/val split.
+
+    Documents are cut at mat's header lines (`--- source: ... | path: ... ---`) when the text has any,
+    otherwise into chunks of about TEXT_CHUNK_CHARS characters at line boundaries.
+    """
+    text = text_path.read_text(encoding="utf-8", errors="replace")
+    documents = list(split_on_headers(text)) if any(map(_HEADER.match, text.splitlines())) else None
+    if documents is None:
+        documents = [("corpus", "", f"chunk-{i:05d}", chunk) for i, chunk in enumerate(chunk_text(text))]
+    jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+    with jsonl_path.open("wb") as out:
+        for source, repo, path, body in documents:
+            out.write(orjson.dumps(text_record(source, repo, path, body), option=orjson.OPT_APPEND_NEWLINE))
+    log.info("split %s into %d documents in %s", text_path, len(documents), jsonl_path)
+    return jsonl_path
+
+
+def split_on_headers(text: str) -> Iterator[tuple[str, str, str, str]]:
+    """(source, repo, path, text) for each header-led document; text before the first header is dropped."""
+    current: tuple[str, str, str] | None = None
+    body: list[str] = []
+    for line in text.splitlines(keepends=True):
+        match = _HEADER.match(line.rstrip("\r\n"))
+        if match is None:
+            body.append(line)
+            continue
+        if current is not None:
+            yield (*current, "".join(body))
+        current, body = (match["source"], match["repo"] or "", match["path"]), []
+    if current is not None:
+        yield (*current, "".join(body))
+
+
+def chunk_text(text: str, size: int = TEXT_CHUNK_CHARS) -> Iterator[str]:
+    """Consecutive pieces of about `size` characters, cut after a newline where there is one."""
+    start = 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            newline = text.rfind("\n", start, end)
+            end = newline + 1 if newline > start else end
+        yield text[start:end]
+        start = end
+
+
+def text_record(source: str, repo: str, path: str, text: str) -> dict[str, Any]:
+    """A corpus.jsonl record for one document cut from a plain-text corpus."""
+    data = text.encode("utf-8")
+    label = f"{repo or source}/{path}"
+    split = "val" if xxhash.xxh64_intdigest(label.encode("utf-8")) % VAL_ONE_IN == 0 else "train"
+    return {
+        "source": source,
+        "repo": repo,
+        "commit": "",
+        "path": path,
+        "bytes": len(data),
+        "sha": hashlib.sha1(data).hexdigest(),
+        "split": split,
+        "text": text,
+    }
+
+
+# ---------------------------------------------------------------- the work tree
+
+
+def branch_for(run_tag: str) -> str:
+    """`autoresearch/<run-tag>`, checked to be a valid branch name."""
+    branch = BRANCH_PREFIX + run_tag
+    if not gitops.is_valid_branch_name(branch):
+        raise ConfigError(
+            f"run name {run_tag!r} cannot be part of a git branch name; use letters, digits, '-', '_', '.'"
+        )
+    return branch
+
+
+def write_gitignore(workspace: Path) -> None:
+    """Add mat's ignore rules to the workspace's .gitignore, keeping any lines already there."""
+    path = workspace / ".gitignore"
+    existing = path.read_text(encoding="utf-8") if path.is_file() else ""
+    missing = [line for line in IGNORED if line not in existing.splitlines()]
+    if missing:
+        prefix = existing if not existing or existing.endswith("\n") else existing + "\n"
+        path.write_text(prefix + "\n".join(missing) + "\n", encoding="utf-8")
+
+
+def link_results(run_dir: Path, workspace: Path) -> None:
+    """Create the run's results.tsv (header only) and the workspace link `results.tsv -> ../results.tsv`."""
+    ensure_header(run_dir / RESULTS_FILE)
+    link = workspace / RESULTS_FILE
+    if link.is_symlink() and str(link.readlink()) == f"../{RESULTS_FILE}":
+        return
+    if link.is_dir() and not link.is_symlink():
+        raise ExperimentError(f"{link} is a directory; remove it so mat can link the run's results.tsv")
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path("..") / RESULTS_FILE)
+
+
+def new_workspace_dir(run_dir: Path) -> Path:
+    """`<run_dir>/workspace`, which must not exist yet or be empty."""
+    workspace = run_dir / WORKSPACE_DIR
+    if workspace.exists() and any(workspace.iterdir()):
+        raise ExperimentError(f"{workspace} already exists; start a new run or resume this one")
+    return workspace
+
+
+def program_md_path(cfg: AutoresearchConfig) -> Path | None:
+    """autoresearch.program_md as a path, when set."""
+    return Path(cfg.program_md).expanduser() if cfg.program_md else None
+
+
+def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str) -> list[str]:
+    """Render the built-in template and its data into a new repository; return the training command."""
+    gitops.init_repo(workspace, branch)
+    render_template(workspace, cfg.train_time, program_md_path(cfg))
+    stats = write_builtin_data(corpus_jsonl, workspace / "data")
+    log.info("built-in workspace data: %s", stats)
+    return [sys.executable, "train.py"]
+
+
+def setup_autoresearch(
+    workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
+) -> tuple[list[str], dict[str, str]]:
+    """Clone real autoresearch with the corpus injected, then branch; return its command and environment."""
+    from multiagenttrainer.workspace.autoresearch import prepare_autoresearch_workspace
+
+    prepared = prepare_autoresearch_workspace(cfg, corpus_jsonl, workspace, run_dir)
+    for note in getattr(prepared, "notes", []):
+        log.info("autoresearch workspace: %s", note)
+    gitops.configure_repo(workspace)
+    gitops.create_branch(workspace, branch)
+    return list(prepared.train_command), dict(prepared.env)
+
+
+def setup_workspace(
+    run_dir: Path,
+    corpus_path: Path,
+    autoresearch_cfg: AutoresearchConfig,
+    *,
+    run_tag: str,
+    env: dict[str, str] | None = None,
+) -> Workspace:
+    """Create `<run_dir>/workspace` on branch autoresearch/<run_tag> with a "baseline" commit."""
+    run_dir = Path(run_dir).absolute()
+    workspace = new_workspace_dir(run_dir)
+    branch = branch_for(run_tag)
+    corpus_jsonl = locate_corpus_jsonl(Path(corpus_path), run_dir / "corpus")
+    base_env = {"PYTHONUNBUFFERED": "1"}
+    if autoresearch_cfg.repo:
+        command, repo_env = setup_autoresearch(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
+        kind: WorkspaceKind = "autoresearch"
+        base_env.update(repo_env)
+    else:
+        command, kind = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch), "builtin"
+    write_gitignore(workspace)
+    link_results(run_dir, workspace)
+    baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
+    return Workspace(
+        path=workspace,
+        kind=kind,
+        train_command=command,
+        env={**base_env, **(env or {})},
+        train_time_s=autoresearch_cfg.train_time,
+        branch=branch,
+        baseline_commit=baseline,
+    )

@@ -1,4 +1,4 @@
-"""MultiAgentTrainer: code and knowledge bases in, a training corpus, experiments and fine-tuned models out."""
+"""MultiAgentTrainer: code and knowledge bases in; a corpus, experiments and fine-tuned models out."""
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import ConfigError, MatError, SourceError

@@ -90,7 +90,9 @@ class BedrockKnowledgeBaseSource(SourceBase):
     @field_validator("knowledge_base_id")
     @classmethod
     def _kb_id_shape(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9A-Za-z]{10}|arn:aws[\w-]*:bedrock:.+:knowledge-base/[0-9A-Za-z]{10}", value):
+        if not re.fullmatch(
+            r"[0-9A-Za-z]{10}|arn:aws[\w-]*:bedrock:.+:knowledge-base/[0-9A-Za-z]{10}", value
+        ):
             raise ValueError("must be 10 letters or digits (for example ABCDEF1234) or a knowledge-base ARN")
         return value
 
@@ -148,14 +150,18 @@ class MachineConfig(Model):
 
 
 class AutoresearchConfig(Model):
-    repo: str | None = Field(None, description="URL or path of an autoresearch checkout; built-in template if unset")
+    repo: str | None = Field(
+        None, description="URL or path of an autoresearch checkout; built-in template if unset"
+    )
     branch: str = "master"
     train_time: int = Field(300, ge=1, description="Training time budget per experiment, seconds")
     program_md: str | None = Field(None, description="Path to a program.md that replaces the default")
 
 
 class TrainingConfig(Model):
-    agent_command: str | None = Field(None, description="Command with {prompt} / {prompt_file}; built-in agent if unset")
+    agent_command: str | None = Field(
+        None, description="Command with {prompt} / {prompt_file}; built-in agent if unset"
+    )
     max_experiments: int = Field(10, ge=1)
     output_dir: str = "./runs"
     mode: Literal["harness", "agent"] = "harness"
@@ -401,9 +407,9 @@ def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     path: list[Any] = []
     current = data
     for part in loc:
-        if isinstance(current, dict) and isinstance(part, str) and part not in current:
-            if current.get("type") == part or part in {"function-after", "function-before"}:
-                continue
+        is_union_tag = isinstance(current, dict) and isinstance(part, str) and part not in current
+        if is_union_tag and (current.get("type") == part or part in {"function-after", "function-before"}):
+            continue
         path.append(part)
         if isinstance(current, dict):
             current = current.get(part)

@@ -6,7 +6,7 @@ from typing import Protocol
 
 
 class IngestProgress(Protocol):
-    """Receives ingest events. Every method is optional in spirit: implement them all, do nothing where unneeded."""
+    """Receives ingest events; implement every method, doing nothing where an event is not needed."""
 
     def source_started(self, source: str) -> None:
         """Fetching `source` began."""

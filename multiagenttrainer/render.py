@@ -7,7 +7,15 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 
@@ -100,7 +108,9 @@ def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print("No corpus was written: every source failed.")
         return
     console.print(f"Corpus: {summary.get('corpus_txt')}")
-    totals = Table("files", "size", "train files", "val files", "secrets redacted", box=None, header_style="bold")
+    totals = Table(
+        "files", "size", "train files", "val files", "secrets redacted", box=None, header_style="bold"
+    )
     splits = stats.get("splits", {})
     totals.add_row(
         str(stats.get("files", 0)),
@@ -113,9 +123,17 @@ def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
     per_source = Table("source", "type", "files", "size", "commit", box=None, header_style="bold")
     for name, info in stats.get("sources", {}).items():
         commits = list((info.get("commits") or {}).values())
-        commit = "-" if not commits else ((commits[0] or "-")[:12] if len(commits) == 1 else f"{len(commits)} repos")
-        per_source.add_row(name, info.get("type", ""), str(info.get("files", 0)), human_bytes(info.get("bytes", 0)), commit)
+        commit = (
+            "-"
+            if not commits
+            else ((commits[0] or "-")[:12] if len(commits) == 1 else f"{len(commits)} repos")
+        )
+        per_source.add_row(
+            name, info.get("type", ""), str(info.get("files", 0)), human_bytes(info.get("bytes", 0)), commit
+        )
     console.print(per_source)
     skipped = {k: v for k, v in (stats.get("skipped") or {}).items() if v}
     if skipped:
-        console.print("skipped: " + ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items())))
+        console.print(
+            "skipped: " + ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items()))
+        )

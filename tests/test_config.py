@@ -55,9 +55,15 @@ def test_every_problem_is_reported_at_once_with_path_and_line(tmp_path: Path) ->
     with pytest.raises(ConfigError) as caught:
         load_config(file)
     problems = caught.value.problems
-    assert f"sources[0].inclde: unknown field; check the spelling against configs/config.example.yaml ({file}:4)" in problems
+    assert (
+        f"sources[0].inclde: unknown field; check the spelling against configs/config.example.yaml ({file}:4)"
+        in problems
+    )
     assert f"sources[1].url: field required ({file}:5)" in problems
-    assert any(p.startswith("sources[2]: unknown type 'ftp'; valid types: local_repo,") and p.endswith(f"({file}:7)") for p in problems)
+    assert any(
+        p.startswith("sources[2]: unknown type 'ftp'; valid types: local_repo,") and p.endswith(f"({file}:7)")
+        for p in problems
+    )
     assert any(p.startswith("training.max_experiments: ") and p.endswith(f"({file}:9)") for p in problems)
     assert len(problems) == 4
 
@@ -103,5 +109,7 @@ def test_execution_types_are_checked() -> None:
 
 def test_github_urls_default_to_github_com_and_accept_enterprise() -> None:
     assert parse_config_text("{}").github.api_url == "https://api.github.com"
-    cfg = parse_config_text("github:\n  web_url: https://ghe.example.com/\n  api_url: https://ghe.example.com/api/v3\n")
+    cfg = parse_config_text(
+        "github:\n  web_url: https://ghe.example.com/\n  api_url: https://ghe.example.com/api/v3\n"
+    )
     assert cfg.github.web_url == "https://ghe.example.com"

@@ -93,7 +93,11 @@ class RunState:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         best, baseline = self.best, self.baseline
-        data["best"] = {"experiment_id": best.experiment_id, "commit": best.commit, "val_bpb": best.val_bpb} if best else None
+        data["best"] = (
+            {"experiment_id": best.experiment_id, "commit": best.commit, "val_bpb": best.val_bpb}
+            if best
+            else None
+        )
         data["baseline_val_bpb"] = baseline.val_bpb if baseline else None
         return data
 

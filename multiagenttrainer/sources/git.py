@@ -57,7 +57,9 @@ def _client(url: str, credentials: GitCredentials | None, timeout_s: float) -> t
 def _translate(exc: BaseException, url: str) -> GitFetchError:
     where = redact_url(url)
     if isinstance(exc, HTTPUnauthorized):
-        return GitFetchError(f"authentication failed for {where}; check the token (GITHUB_TOKEN or token_env)")
+        return GitFetchError(
+            f"authentication failed for {where}; check the token (GITHUB_TOKEN or token_env)"
+        )
     if isinstance(exc, NotGitRepository):
         return GitFetchError(f"no git repository at {where}; check the URL")
     text = str(exc)
@@ -66,7 +68,9 @@ def _translate(exc: BaseException, url: str) -> GitFetchError:
     if isinstance(exc, GitProtocolError) and "403" in text:
         return GitFetchError(f"access denied to {where}; the token lacks read access")
     if isinstance(exc, HangupException):
-        return GitFetchError(f"the server at {where} hung up; check the URL and access rights", transient=True)
+        return GitFetchError(
+            f"the server at {where} hung up; check the URL and access rights", transient=True
+        )
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError | socket.timeout | GitProtocolError):
         reason = _network_reason(text.replace(url, where) if url != where else text)
         advice = "check the host and port, or retry later"
@@ -165,7 +169,9 @@ def clone_or_update(
     return chosen, sha
 
 
-def _fetch_branch(repo: Repo, url: str, ref: bytes, credentials: GitCredentials | None, timeout_s: float) -> None:
+def _fetch_branch(
+    repo: Repo, url: str, ref: bytes, credentials: GitCredentials | None, timeout_s: float
+) -> None:
     try:
         client, path = _client(url, credentials, timeout_s)
         client.fetch(

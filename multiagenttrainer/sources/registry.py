@@ -100,7 +100,8 @@ def repo_argument_to_source(arg: str, github: GithubConfig) -> SourceConfig:
             return GithubRepoSource(type="github_repo", url=arg)
         return RemoteRepoSource(type="remote_repo", url=arg)
     raise ConfigError(
-        f"--repo {arg!r}: expected owner/repo or a git URL (https://, http://, git://, ssh://, file://, user@host:path)"
+        f"--repo {arg!r}: expected owner/repo or a git URL "
+        "(https://, http://, git://, ssh://, file://, user@host:path)"
     )
 
 

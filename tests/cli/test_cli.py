@@ -57,14 +57,16 @@ def test_config_errors_exit_2_with_path_and_line_and_no_traceback(tmp_path: Path
     result = mat("config", "validate", str(bad))
     assert result.returncode == 2
     assert f"sources[0].url: field required ({bad}:2)" in result.stderr
-    assert f"sources[0].brnch: unknown field" in result.stderr
+    assert "sources[0].brnch: unknown field" in result.stderr
     assert f"({bad}:5)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_sources_lists_config_and_repo_arguments_as_json(tmp_path: Path, project: Path) -> None:
     cfg = write_yaml(tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project)}]})
-    result = mat("sources", "--config", str(cfg), "--repo", "acme/widgets", "--repo", "git://h.example/x.git", "--json")
+    result = mat(
+        "sources", "--config", str(cfg), "--repo", "acme/widgets", "--repo", "git://h.example/x.git", "--json"
+    )
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
     assert [(r["name"], r["type"]) for r in rows] == [
@@ -76,7 +78,9 @@ def test_sources_lists_config_and_repo_arguments_as_json(tmp_path: Path, project
 
 
 def test_sources_table_has_the_four_columns(tmp_path: Path, project: Path) -> None:
-    cfg = write_yaml(tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project), "name": "mine"}]})
+    cfg = write_yaml(
+        tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project), "name": "mine"}]}
+    )
     result = mat("sources", "--config", str(cfg))
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0].split()
@@ -91,7 +95,9 @@ def test_bad_repo_argument_is_a_usage_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_ingest_writes_the_corpus_and_redacts_secrets(prefect_api: str, tmp_path: Path, project: Path) -> None:
+def test_ingest_writes_the_corpus_and_redacts_secrets(
+    prefect_api: str, tmp_path: Path, project: Path
+) -> None:
     corpus = tmp_path / "corpus"
     cfg = write_yaml(
         tmp_path / "c.yaml",

@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install
-	$(BIN)/mat ingest --config configs/quickstart.yaml
+	$(BIN)/mat train --config configs/quickstart.yaml
 
 test: install
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE DO_NOT_TRACK=1 \

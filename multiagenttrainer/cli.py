@@ -169,6 +169,73 @@ def ingest(
     raise typer.Exit(code)
 
 
+# --------------------------------------------------------------------------- train
+
+
+@app.command("train")
+def train_command(
+    config: ConfigOption = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", "-n", help="Run name (default: the config file's name)."),
+    ] = None,
+    max_experiments: Annotated[
+        int | None,
+        typer.Option(
+            "--max-experiments", min=1, help="Experiments in the run (default: training.max_experiments)."
+        ),
+    ] = None,
+    output_dir: Annotated[
+        Path | None, typer.Option("--output-dir", "-o", help="Runs directory (default: training.output_dir).")
+    ] = None,
+    repo: RepoOption = None,
+    resume: Annotated[
+        str | None, typer.Option("--resume", help="Continue the run with this id (see `mat status`).")
+    ] = None,
+    corpus_dir: Annotated[
+        Path | None,
+        typer.Option("--corpus-dir", help="Where the corpus is written and read (default: corpus.dir)."),
+    ] = None,
+) -> None:
+    """Ingest, set up a workspace and run training experiments; writes results.tsv and report.md."""
+    from multiagenttrainer.render import TrainReporter
+
+    try:
+        cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
+        if not resume:
+            from multiagenttrainer.agents import make_agent
+
+            make_agent(cfg.training)  # an agent command that cannot work is a config error
+    except MatError as exc:
+        fail(exc)
+    flows_train = import_flows("train")
+    reporter = TrainReporter(out)
+    try:
+        summary = flows_train.run_train(
+            config_path=str(config) if config else None,
+            name=name,
+            max_experiments=max_experiments,
+            output_dir=str(output_dir) if output_dir else None,
+            repos=list(repo or []),
+            resume=resume,
+            corpus_dir=str(corpus_dir) if corpus_dir else None,
+            progress=reporter,
+        )
+    except KeyboardInterrupt:
+        hint = f"; continue it with `mat train --resume {reporter.run_id}`" if reporter.run_id else ""
+        err.print(f"interrupted{hint}")
+        raise typer.Exit(130) from None
+    except MatError as exc:
+        if reporter.run_dir is not None:
+            err.print(f"run directory: {reporter.run_dir}")
+        fail(exc)
+    for note in summary.get("notes", []):
+        err.print(f"[yellow]warning:[/yellow] {note}")
+    out.print(f"run {summary['run_id']} {summary['status']}: {summary['run_dir']}")
+    out.print(f"report: {summary['report']}")
+    raise typer.Exit(0 if summary["status"] == "completed" else 1)
+
+
 def import_flows(name: str) -> Any:
     """Import a flow module after pointing Prefect at a running mat server (or ephemeral mode)."""
     import importlib

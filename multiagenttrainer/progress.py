@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from multiagenttrainer.experiments.model import ExperimentResult
+    from multiagenttrainer.experiments.run_state import RunState
 
 
 class IngestProgress(Protocol):
@@ -40,4 +45,30 @@ class NullProgress:
         pass
 
     def corpus_finished(self, reused: bool) -> None:
+        pass
+
+
+class TrainProgress(Protocol):
+    """Receives the events of a training run (`mat train`); implement every method."""
+
+    def corpus_ready(self, corpus_dir: str, status: str) -> None:
+        """The corpus to train on is in `corpus_dir`; `status` says how (built, reused, cached, existing)."""
+
+    def run_started(self, run_dir: Path, state: RunState) -> None:
+        """The run exists (new or resumed) and its experiments are about to start."""
+
+    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
+        """An experiment was recorded; `state` already holds it."""
+
+
+class NullTrainProgress:
+    """Ignores every training event."""
+
+    def corpus_ready(self, corpus_dir: str, status: str) -> None:
+        pass
+
+    def run_started(self, run_dir: Path, state: RunState) -> None:
+        pass
+
+    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         pass

@@ -1,8 +1,9 @@
-"""Terminal rendering for the CLI: live ingest progress and the end-of-run summary tables."""
+"""Terminal rendering for the CLI: live ingest progress, training progress lines, summary tables."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -17,6 +18,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+
+from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.report import first_line
 
 
 def human_bytes(n: float) -> str:
@@ -137,3 +142,57 @@ def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
         console.print(
             "skipped: " + ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items()))
         )
+
+
+# --------------------------------------------------------------------------- training
+
+
+def best_before(state: RunState, experiment_id: int) -> float | None:
+    """The lowest val_bpb kept by the experiments before `experiment_id`."""
+    kept = [
+        e.val_bpb
+        for e in state.experiments
+        if e.experiment_id < experiment_id and e.status == "keep" and e.val_bpb is not None
+    ]
+    return min(kept) if kept else None
+
+
+def experiment_line(result: ExperimentResult, state: RunState) -> str:
+    """`[3/8] keep val_bpb 2.431200 (-0.012000) 21.4s  LEARNING_RATE 3e-3 -> 6e-3` for one experiment."""
+    position = f"[{result.experiment_id + 1}/{state.max_experiments}]"
+    duration = f"{result.duration_s:.1f}s"
+    if result.status == "crash" or result.val_bpb is None:
+        reason = first_line(result.error)
+        description = f"{result.description} ({reason})" if reason else result.description
+        return f"{position} crash {duration}  {description}"
+    best = best_before(state, result.experiment_id)
+    delta = f" ({result.val_bpb - best:+.6f})" if best is not None else ""
+    return f"{position} {result.status} val_bpb {result.val_bpb:.6f}{delta} {duration}  {result.description}"
+
+
+class TrainReporter:
+    """A TrainProgress that prints one line per event and remembers which run it is, for the closing lines."""
+
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.run_id: str | None = None
+        self.run_dir: Path | None = None
+
+    def _say(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text)
+
+    def corpus_ready(self, corpus_dir: str, status: str) -> None:
+        self._say(f"corpus: {corpus_dir} ({status})")
+
+    def run_started(self, run_dir: Path, state: RunState) -> None:
+        self.run_id, self.run_dir = state.run_id, run_dir
+        if state.done:
+            done = f"{state.done} of {state.max_experiments}"
+            self._say(f"run {state.run_id}: resuming after {done} experiments")
+        else:
+            self._say(f"run {state.run_id}: {state.max_experiments} experiments in {run_dir}")
+
+    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
+        self._say(experiment_line(result, state))

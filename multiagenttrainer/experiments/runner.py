@@ -7,6 +7,13 @@
     runner, workspace = Runner.resume("20250101-020000-nightly", "./runs")
     results = await runner.run_experiments(workspace)      # continues after the last recorded experiment
 
+One experiment at a time, as the Prefect flow drives it (run_experiments is these steps in a thread):
+
+    loop = runner.begin(workspace)
+    while runner.has_next(loop):
+        runner.step(loop)                                   # one experiment, recorded
+    runner.end(loop, "completed")                           # or runner.abort(loop, exc) when a step raised
+
 A run lives in `<output_dir>/<run_id>/` (layout in run_state.py). Resuming trusts results.tsv: its rows
 are the finished experiments, run.json is brought in line with them, and the workspace is reset to the
 best kept commit, so no finished experiment is lost or run twice.
@@ -31,7 +38,14 @@ from multiagenttrainer.agents.base import Agent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import Executor
-from multiagenttrainer.experiments.loop import Loop, LoopOptions, ResultHook, RunInterrupted, run_loop
+from multiagenttrainer.experiments.loop import (
+    Loop,
+    LoopOptions,
+    ResultHook,
+    RunInterrupted,
+    check_stop,
+    run_experiment,
+)
 from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.results import ResultRow, read_results
 from multiagenttrainer.experiments.run_state import (
@@ -213,6 +227,11 @@ def sigterm_stops(stop: threading.Event, workspace: Path) -> Iterator[None]:
 # ---------------------------------------------------------------- the Runner
 
 
+def describe_error(error: BaseException) -> str:
+    """`Type: message` for run.json's error field."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 def as_hooks(on_result: ResultHook | Sequence[ResultHook] | None) -> list[ResultHook]:
     """One callback, several, or none, as a list."""
     if on_result is None:
@@ -307,41 +326,89 @@ class Runner:
             run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop
         )
 
-    async def run_experiments(
-        self, workspace: Workspace, max_experiments: int | None = None
-    ) -> list[ExperimentResult]:
-        """Run experiments until the run holds `max_experiments`; return all of the run's results."""
+    def begin(self, workspace: Workspace, max_experiments: int | None = None) -> Loop:
+        """Mark the run as running in this process and return its loop, ready for `step`.
+
+        `max_experiments` raises (or lowers) the run's bound; without it the run keeps its own.
+        """
         run_dir, state = self._require_run()
         state.max_experiments = max_experiments or state.max_experiments
         state.workspace, state.status = workspace.to_dict(), "running"
         state.pid, state.host, state.finished_at, state.error = os.getpid(), socket.gethostname(), None, None
         state.save(run_dir)
-        stop, finished = threading.Event(), threading.Event()
-        loop = self._make_loop(workspace, state.max_experiments, stop)
+        try:
+            loop = self._make_loop(workspace, state.max_experiments, threading.Event())
+            loop.executor.prepare(workspace.path)
+            link_results(run_dir, workspace.path)
+        except BaseException as exc:
+            self._finish("failed", describe_error(exc))
+            raise
+        return loop
 
-        def work() -> list[ExperimentResult]:
+    @staticmethod
+    def has_next(loop: Loop) -> bool:
+        """Whether the run holds fewer experiments than its bound."""
+        return len(loop.state.experiments) < loop.state.max_experiments
+
+    def step(self, loop: Loop) -> list[ExperimentResult]:
+        """Run and record the next experiment (the baseline first); [] once the run is complete.
+
+        Agent mode may record several experiments in one step. Raises RunInterrupted once stopped.
+        """
+        if not self.has_next(loop):
+            return []
+        check_stop(loop)
+        return run_experiment(loop, len(loop.state.experiments))
+
+    def interrupt(self, loop: Loop) -> None:
+        """Stop the run: the current step raises RunInterrupted, and whatever it runs is killed."""
+        loop.stop.set()
+        stop_processes(loop.workspace.path)
+
+    def end(self, loop: Loop, status: RunStatus, error: str | None = None) -> None:
+        """Release the executor and record in run.json how the run ended."""
+        try:
+            loop.executor.cleanup()
+        finally:
+            self._finish(status, error)
+
+    def abort(self, loop: Loop, error: BaseException) -> None:
+        """End the run after `error` escaped a step: interrupted (its processes killed) or failed."""
+        if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
+            self.interrupt(loop)
+            self.end(loop, "interrupted", "interrupted")
+        elif isinstance(error, RunInterrupted):
+            self.end(loop, "interrupted", str(error))
+        else:
+            self.end(loop, "failed", describe_error(error))
+
+    async def run_experiments(
+        self, workspace: Workspace, max_experiments: int | None = None
+    ) -> list[ExperimentResult]:
+        """Run experiments until the run holds `max_experiments`; return all of the run's results."""
+        loop = self.begin(workspace, max_experiments)
+        finished = threading.Event()
+
+        def work() -> None:
             try:
-                return run_loop(loop, state.max_experiments)
+                while self.has_next(loop):
+                    self.step(loop)
             finally:
                 finished.set()
 
-        with sigterm_stops(stop, workspace.path):
+        with sigterm_stops(loop.stop, workspace.path):
             try:
                 await asyncio.to_thread(work)
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                stop.set()
-                stop_processes(workspace.path)
-                finished.wait(STOP_WAIT_S)
-                self._finish("interrupted", "interrupted")
-                raise
-            except RunInterrupted as exc:
-                self._finish("interrupted", str(exc))
+            except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+                self.interrupt(loop)
+                finished.wait(STOP_WAIT_S)  # let the worker thread wind down before run.json is final
+                self.abort(loop, exc)
                 raise
             except BaseException as exc:
-                self._finish("failed", f"{type(exc).__name__}: {exc}")
+                self.abort(loop, exc)
                 raise
-        self._finish("completed")
-        return list(state.experiments)
+        self.end(loop, "completed")
+        return list(loop.state.experiments)
 
     @classmethod
     def resume(

@@ -34,8 +34,8 @@ def test_prefect_yaml_describes_the_ingest_deployment() -> None:
 
 def test_templates_are_filled_with_the_project_directory(tmp_path: Path) -> None:
     (tmp_path / "prefect.yaml").write_text((PROJECT_DIR / "prefect.yaml").read_text())
-    (spec,) = load_deployment_specs(tmp_path)
-    assert spec["work_pool"]["job_variables"]["env"]["MAT_PROJECT_DIR"] == str(tmp_path)
+    for spec in load_deployment_specs(tmp_path):
+        assert spec["work_pool"]["job_variables"]["env"]["MAT_PROJECT_DIR"] == str(tmp_path)
 
 
 @pytest.fixture
@@ -105,7 +105,7 @@ def test_a_worker_runs_the_ingest_deployment(worker: Path, tmp_path: Path) -> No
         tmp_path / "corpus",
         tmp_path / "staging",
     )
-    assert register_deployments(PROJECT_DIR) == ["ingest/ingest"]
+    assert "ingest/ingest" in register_deployments(PROJECT_DIR)
     run = run_ingest_deployment(config)
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + worker.read_text()[-3000:]
     corpus = (tmp_path / "corpus" / "corpus.txt").read_text()

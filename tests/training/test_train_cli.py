@@ -29,8 +29,12 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import Artifact, TaskRun
 
 from tests.training.conftest import (
+    COMMAND_TIMEOUT_S,
+    MAT,
     RESULTS_HEADER,
+    ROOT,
     mat,
+    mat_env,
     only_run_dir,
     results_rows,
     start_mat,
@@ -235,3 +239,28 @@ def test_resume_after_sigkill_completes_the_run_without_repeating_experiments(
     ]
     status = json.loads(mat("status", "--output-dir", str(runs), "--json").stdout)
     assert [(r["id"], r["status"], r["experiments_done"]) for r in status] == [(run_dir.name, "completed", 4)]
+
+
+def test_train_on_the_quickstart_config(prefect_api: str, tmp_path: Path) -> None:
+    """The shipped quickstart as `make demo` runs it (this repository as corpus), cut to 2 experiments."""
+    corpus, runs = tmp_path / "corpus", tmp_path / "runs"
+    args = ["train", "--config", "configs/quickstart.yaml", "--output-dir", str(runs)]
+    args += ["--corpus-dir", str(corpus)]
+    result = subprocess.run(
+        [*MAT, *args, "--max-experiments", "2"],
+        cwd=ROOT,
+        env=mat_env(MAT_CORPUS__STAGING_DIR=str(tmp_path / "staging")),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    stats = json.loads((corpus / "stats.json").read_text())
+    assert stats["sources"]["multiagenttrainer"]["files"] > 20
+    run_dir = only_run_dir(runs)
+    rows = results_rows(run_dir / "results.tsv")
+    assert [row[4] for row in rows][:1] == ["baseline"] and len(rows) == 2
+    assert str(run_dir / "report.md") in result.stdout
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["name"] == "quickstart" and state["status"] == "completed"

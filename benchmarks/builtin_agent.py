@@ -8,7 +8,9 @@ Ingester, once per workdir. For each seed, a fresh built-in workspace runs the a
 miniature: experiment 0 is the unmodified baseline, then BuiltinSearchAgent changes train.py, the
 template trains it (`python train.py`, one CPU thread), and the change is kept if val_bpb beat the
 best so far, else train.py is put back. With --fixed-steps every run trains exactly N steps
-(deterministic); otherwise each run gets --train-time seconds (the quickstart uses 20).
+(deterministic, but a bigger batch then costs time, not steps); otherwise each run gets --train-time
+seconds (the quickstart uses 20). A run that takes longer than 4 x --train-time + 60 s is killed and
+counted as a crash, as the loop's timeout would.
 
 It prints one line per experiment and a summary: for how many seeds at least one change was kept,
 and the mean improvement of the best val_bpb over the baseline. The last line of stdout is JSON.

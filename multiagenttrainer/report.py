@@ -8,13 +8,11 @@ global state), so reports can be written from worker threads.
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.run_state import RunState
 
@@ -353,22 +351,6 @@ def _short(text: str, limit: int = 32) -> str:
 
 
 # ---------------------------------------------------------------- files
-
-
-def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Let `write` fill a temp file beside `path`, fsync it, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; reports are meant to be read and shared
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_report(run_dir: Path, state: RunState) -> tuple[Path, Path]:

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from multiagenttrainer.errors import ServerError
+from multiagenttrainer.processes import pid_alive as pid_alive  # re-exported: part of this module's API
+from multiagenttrainer.processes import start_in_session
 
 log = logging.getLogger(__name__)
 
@@ -131,31 +133,6 @@ def choose_port(port: int | None) -> int:
         f"no free port between {DEFAULT_PORT} and {DEFAULT_PORT + PORT_SEARCH_SPAN - 1} on {HOST}; "
         "free one or pass --port"
     )
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a running process (a zombie child of ours is reaped and counts as gone)."""
-    try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-        if reaped == pid:
-            return False
-    except ChildProcessError:
-        pass  # not our child: fall back to a signal probe
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def is_prefect_server_process(pid: int) -> bool:
@@ -336,15 +313,8 @@ def _spawn_server(port: int) -> subprocess.Popen[bytes]:
     with log_file().open("ab") as log_handle:
         log_handle.write(f"\n--- mat: starting {' '.join(command[1:])} at {datetime.now(UTC)}\n".encode())
         log_handle.flush()
-        return subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log_handle,
-            stderr=subprocess.STDOUT,
-            env=server_environment(port),
-            cwd=str(mat_home()),
-            start_new_session=True,  # own process group: survives the CLI, stops as a group
-        )
+        # its own session and process group: it survives the CLI and stops as a group
+        return start_in_session(command, mat_home(), log_handle, server_environment(port))
 
 
 def _wait_until_healthy(info: ServerInfo, timeout_s: float, process: subprocess.Popen[bytes] | None) -> bool:

@@ -15,7 +15,6 @@ deleted), else derived from how train.py changed: `LEARNING_RATE 3e-3 -> 1e-3`, 
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import logging
 import os
@@ -24,7 +23,6 @@ import shlex
 import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -38,12 +36,12 @@ from multiagenttrainer.agents.constants import (
 )
 from multiagenttrainer.agents.prompt import DESCRIPTION_FILE
 from multiagenttrainer.errors import ConfigError, ExperimentError
+from multiagenttrainer.processes import group_alive, start_in_session, stop_group
 
 log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 REAP_TIMEOUT_S = 10.0  # how long to wait for killed processes to disappear
-POLL_S = 0.05
 LOG_HEAD_BYTES = 64 * 1024  # the outcome log keeps the start and the end of long outputs
 LOG_TAIL_BYTES = 192 * 1024
 MAX_DESCRIPTION_CHARS = 200
@@ -82,62 +80,6 @@ def program_name(command: str, output: str) -> str:
 # ---------------------------------------------------------------- process groups
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in process group `pgid`; via /proc on Linux, else a signal probe."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if entry.name.isdigit() and stat_of(entry) == ("live", pgid):
-            members.append(int(entry.name))
-    return members
-
-
-def stat_of(entry: Path) -> tuple[str, int] | None:
-    """("live" | "zombie", process group) of a /proc/<pid> entry, or None when it vanished."""
-    try:
-        stat = (entry / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp ...
-    return ("zombie" if fields[0] in "ZX" else "live"), int(fields[2])
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    """Send `signum` to every process in the group; a group that is gone already is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def wait_until_empty(pgid: int, timeout_s: float) -> bool:
-    """Poll until no live process is left in the group; True if it emptied in time."""
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
-def stop_group(process: subprocess.Popen[bytes], grace_s: float) -> list[int]:
-    """SIGTERM the process's group, wait `grace_s`, SIGKILL what is left; return pids that survived."""
-    pgid = process.pid
-    signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (process.poll() is None or group_members(pgid)):
-        time.sleep(POLL_S)
-    signal_group(pgid, signal.SIGKILL)
-    process.wait()
-    if wait_until_empty(pgid, REAP_TIMEOUT_S):
-        return []
-    return group_members(pgid)
-
-
 @dataclass(frozen=True)
 class CommandRun:
     """How the agent's process ended."""
@@ -152,15 +94,7 @@ def run_in_group(
 ) -> CommandRun:
     """Run `bash -c command` in a new session; on timeout, or if it leaves processes, stop the group."""
     try:
-        process = subprocess.Popen(
-            ["bash", "-c", command],
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        process = start_in_session(["bash", "-c", command], cwd, output, env)
     except OSError as exc:
         raise ExperimentError(
             f"cannot start the agent in {cwd}: {exc.strerror or exc}; is bash installed?"
@@ -172,10 +106,12 @@ def run_in_group(
     except subprocess.TimeoutExpired:
         timed_out = True
         notes.append(f"the agent ran past its {timeout_s:g} s timeout; its process group was stopped")
-    if timed_out or group_members(process.pid):
+    if timed_out or group_alive(process.pid):
         if not timed_out:
             notes.append("the agent exited but left processes running; they were stopped")
-        survivors = stop_group(process, grace_s)
+        survivors = stop_group(process.pid, process, grace_s, REAP_TIMEOUT_S)
+        if process.pid not in survivors:
+            process.wait()  # it is gone: collect its exit status
         if survivors:
             notes.append(f"processes still alive after SIGKILL: {survivors}")
             log.warning("agent processes survived SIGKILL: %s", survivors)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -21,12 +20,18 @@ from pathlib import Path
 from multiagenttrainer.config import LocalExecution
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import RunOutcome
+from multiagenttrainer.processes import (
+    GONE_TIMEOUT_S,
+    group_alive,
+    has_proc,
+    read_stat,
+    start_logged,
+    stop_group,
+)
 
 log = logging.getLogger(__name__)
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
-GONE_TIMEOUT_S = 10.0  # how long SIGKILLed processes get to disappear before mat gives up
-POLL_S = 0.05
 
 _running_groups: set[int] = set()  # process groups of commands in flight, for terminate_running_groups
 _running_lock = threading.Lock()
@@ -35,76 +40,15 @@ _running_lock = threading.Lock()
 # ---------------------------------------------------------------- process groups
 
 
-def read_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, process group, session) of a process from /proc/<pid>/stat; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[2]), int(fields[3])  # state, pgrp, session
-
-
-def session_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in the group or session `pgid`, found by scanning /proc."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        stat = read_stat(int(entry.name))
-        if stat is not None and stat[0] != "Z" and pgid in (stat[1], stat[2]):
-            members.append(int(entry.name))
-    return members
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any process of the group (or its session) is still running."""
-    if os.path.isdir("/proc/self"):
-        return bool(session_members(pgid))
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def signal_group(pgid: int, sig: signal.Signals) -> None:
-    """Send `sig` to the process group and to any session member that left the group."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-    if os.path.isdir("/proc/self"):
-        for pid in session_members(pgid):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-
-
-def wait_gone(pgid: int, timeout_s: float, leader: subprocess.Popen[bytes] | None) -> bool:
-    """Wait until nothing of the group is left (reaping the leader as we go); return whether it is gone."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if leader is not None:
-            leader.poll()  # reap it, or it lingers as a zombie
-        if not group_alive(pgid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-
-
 def kill_process_group(
     pgid: int, leader: subprocess.Popen[bytes] | None = None, grace_s: float = GRACE_S
 ) -> None:
     """SIGTERM the group, SIGKILL it after `grace_s`, then verify that no member survived."""
-    signal_group(pgid, signal.SIGTERM)
-    if wait_gone(pgid, grace_s, leader):
-        return
-    signal_group(pgid, signal.SIGKILL)
-    if not wait_gone(pgid, GONE_TIMEOUT_S, leader):
-        survivors = ", ".join(map(str, session_members(pgid))) or "unknown"
+    survivors = stop_group(pgid, leader, grace_s, GONE_TIMEOUT_S)
+    if survivors:
         raise ExperimentError(
-            f"processes of training group {pgid} survived SIGKILL (pids {survivors}); kill them by hand"
+            f"processes of training group {pgid} survived SIGKILL (pids {', '.join(map(str, survivors))}); "
+            "kill them by hand"
         )
 
 
@@ -139,7 +83,7 @@ def terminate_processes_in(directory: Path) -> list[int]:
     This finds what a killed mat left running in a workspace (its training run, an agent). Processes of
     mat's own session (the user's shell, mat itself, its git commands) are never touched.
     """
-    if not os.path.isdir("/proc/self"):
+    if not has_proc():
         return []
     root = directory.resolve()
     own = (os.getpgrp(), os.getsid(0))
@@ -173,23 +117,13 @@ def start_command(
     workspace: Path, command: list[str], log_path: Path, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
     """Start `command` in its own session with stdout and stderr going to `log_path`."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("wb") as log:
-        try:
-            return subprocess.Popen(
-                command,
-                cwd=workspace,
-                env={**os.environ, **env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise ExperimentError(
-                f"cannot start training command {command[0]!r} in {workspace}: {exc.strerror}; "
-                "check that it is installed and on PATH"
-            ) from exc
+    try:
+        return start_logged(command, workspace, log_path, {**os.environ, **env})
+    except OSError as exc:
+        raise ExperimentError(
+            f"cannot start training command {command[0]!r} in {workspace}: {exc.strerror}; "
+            "check that it is installed and on PATH"
+        ) from exc
 
 
 def append_log_line(log_path: Path, line: str) -> None:

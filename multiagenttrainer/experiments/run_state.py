@@ -15,15 +15,15 @@ Run directory layout (`<training.output_dir>/<run_id>/`):
 from __future__ import annotations
 
 import json
-import os
 import socket
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from multiagenttrainer.atomic import write_json_atomically as write_json_atomically
 from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.processes import pid_alive as pid_alive  # re-exported: runner and tests use it
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 Phase = Literal["setup", "agent", "training", "recording", "report"]
@@ -128,36 +128,3 @@ def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:
         except (OSError, ValueError, TypeError):
             continue
     return sorted(runs, key=lambda item: item[1].created_at)
-
-
-def write_json_atomically(path: Path, data: Any) -> None:
-    """Dump JSON to a temp file in the same directory, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.fchmod(fd, 0o644)  # mkstemp makes 0600; run files are meant to be read by anyone who can list them
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (and is not a zombie we could reap)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            return handle.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True

@@ -11,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import boto3
 from botocore.config import Config as BotoConfig
@@ -28,6 +27,7 @@ from botocore.exceptions import (
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
+from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.config import BedrockKnowledgeBaseSource
 from multiagenttrainer.errors import SourceError, TransientSourceError
 from multiagenttrainer.sources.base import Snapshot, SourceContext, SourceInfo, Tree
@@ -113,14 +113,16 @@ def document_records(results: Sequence[Mapping[str, Any]], kb_id: str) -> Iterat
 def write_jsonl_atomically(records: Iterator[dict[str, Any]], target: Path) -> tuple[int, str]:
     """Write records to `target` via a temporary file; return (records written, sha256 of the file)."""
     digest, count = hashlib.sha256(), 0
-    tmp = target.with_name(f".{target.name}.tmp")
-    with tmp.open("wb") as out:
+
+    def write_records(out: IO[bytes]) -> None:
+        nonlocal count
         for record in records:
             line = (json.dumps(record, sort_keys=True, ensure_ascii=False, default=str) + "\n").encode()
             out.write(line)
             digest.update(line)
             count += 1
-    os.replace(tmp, target)
+
+    write_atomically(target, write_records)
     return count, digest.hexdigest()
 
 

@@ -26,7 +26,6 @@ import ast
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from dulwich.repo import Repo
 
 from multiagenttrainer.config import AutoresearchConfig
 from multiagenttrainer.errors import ConfigError, ExperimentError
+from multiagenttrainer.processes import start_logged, stop_group
 from multiagenttrainer.sources.git import GitFetchError, clone_or_update, ls_remote, redact_url
 from multiagenttrainer.workspace.autoresearch_data import (
     SHARD_MAX_CHARS,
@@ -285,21 +285,17 @@ def retrain_tokenizer(
     for name in TOKENIZER_FILES:
         (tokenizer_dir / name).unlink(missing_ok=True)  # a stale tokenizer would be reused silently
     command = [*python, "-c", TRAIN_TOKENIZER_CODE]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, cwd=workspace, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the whole group: nothing keeps running
-            process.wait()
-            raise ExperimentError(
-                f"training the tokenizer in {workspace} took over {timeout_s:.0f} s and was stopped; "
-                f"see {log_path}\n{log_tail(log_path)}"
-            ) from None
+    process = start_logged(command, workspace, log_path)
+    try:
+        code = process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group(process.pid, process, grace_s=0.0)  # the whole group: nothing keeps running
+        process.wait()
+        raise ExperimentError(
+            f"training the tokenizer in {workspace} took over {timeout_s:.0f} s and was stopped; "
+            f"see {log_path}\n{log_tail(log_path)}"
+        ) from None
     missing = [name for name in TOKENIZER_FILES if not (tokenizer_dir / name).is_file()]
     if code != 0 or missing:
         problem = f"exited with code {code}" if code != 0 else f"did not write {', '.join(missing)}"

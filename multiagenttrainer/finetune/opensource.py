@@ -17,10 +17,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import xxhash
 
+from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.config import OpenSourceConfig
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
 from multiagenttrainer.experiments.run_state import now_iso
@@ -33,6 +34,7 @@ from multiagenttrainer.finetune.base import (
     PreparedDataset,
     safe_name,
 )
+from multiagenttrainer.processes import pid_alive
 
 CANCEL_MARKER = "CANCEL"
 CHECKPOINTS_DIR = "checkpoints"
@@ -119,12 +121,12 @@ def split_texts(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
 
 def write_text_jsonl(path: Path, texts: list[str]) -> None:
     """Write `{"text": ...}` lines, atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
+
+    def write(handle: IO[bytes]) -> None:
         for text in texts:
-            handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+            handle.write((json.dumps({"text": text}, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    write_atomically(path, write)
 
 
 def read_text_jsonl(path: Path) -> list[str]:
@@ -314,15 +316,7 @@ def new_job_id(job_name: str) -> str:
 
 def process_alive(pid: int | None) -> bool:
     """Whether a process with this id exists."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        pass
-    return True
+    return pid_alive(pid or 0)
 
 
 def cancel_requested(job_dir: Path) -> bool:

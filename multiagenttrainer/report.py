@@ -249,6 +249,7 @@ def results_table(state: RunState) -> list[dict[str, Any]]:
 def plot_progress(state: RunState, handle: IO[bytes]) -> None:
     """Draw val_bpb per experiment (kept green, discarded grey, crashes red x) and the running best."""
     from matplotlib.figure import Figure  # lazy: matplotlib costs ~0.3 s to import
+    from matplotlib.ticker import MaxNLocator
 
     rows = experiment_rows(state)
     figure = Figure(figsize=PLOT_SIZE_IN, dpi=PLOT_DPI, layout="constrained")
@@ -264,6 +265,7 @@ def plot_progress(state: RunState, handle: IO[bytes]) -> None:
     axes.set_ylim(low - 2 * pad, high + 2 * pad)
     axes.set_xlim(-0.5, max([row.experiment_id for row in rows] + [state.max_experiments - 1, 1]) + 0.5)
     axes.set_xlabel("experiment #")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # experiments are counted, not measured
     axes.set_ylabel("val_bpb (lower is better)")
     axes.set_title(_plot_title(state))
     axes.grid(True, alpha=0.3)

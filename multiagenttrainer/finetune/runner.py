@@ -1,0 +1,294 @@
+"""Run fine-tuning targets side by side, and find, refresh or cancel their jobs afterwards.
+
+Every target starts at once. An open-source target trains in a child process of its own
+(`python -m multiagenttrainer.finetune.worker`), because accelerate and torch keep process-wide
+state; the CPU threads (and GPUs, when there are any) are split between those children. A Bedrock
+target returns as soon as AWS has accepted the job. A target that fails leaves a `failed` record
+with its error and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from multiagenttrainer.config import Config, OpenSourceConfig, expand_path
+from multiagenttrainer.errors import ConfigError, CorpusError, MatError
+from multiagenttrainer.experiments.run_state import now_iso
+from multiagenttrainer.finetune.base import JobRecord, JobStore
+from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner, resolve_targets, select_target
+
+ProgressCallback = Callable[[list[JobRecord]], None]
+POLL_INTERVAL_S = 0.5
+STDERR_TAIL_CHARS = 2000
+LOCAL_BACKENDS = frozenset({"opensource"})
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """One target ready to start: its settings, the job id (local jobs) and its share of the machine."""
+
+    target: ResolvedTarget
+    job_id: str | None = None
+    threads: int = 1
+    gpus: str | None = None  # CUDA_VISIBLE_DEVICES for a local child; None leaves it unset
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def jobs_store(cfg: Config) -> JobStore:
+    """The job store under finetuner.jobs_dir (absolute, so child processes agree on it)."""
+    return JobStore(expand_path(cfg.finetuner.jobs_dir).resolve())
+
+
+def default_corpus_path(cfg: Config) -> Path:
+    """`<corpus.dir>/corpus.jsonl`."""
+    return expand_path(cfg.corpus.dir) / "corpus.jsonl"
+
+
+def corpus_or_error(cfg: Config, corpus: str | Path | None) -> Path:
+    """The corpus to fine-tune on; CorpusError when it does not exist."""
+    path = Path(corpus) if corpus else default_corpus_path(cfg)
+    if not path.exists():
+        raise CorpusError(f"no corpus at {path}; run `mat ingest` first or pass --corpus PATH")
+    return path.resolve()
+
+
+def chosen_targets(cfg: Config, target: str | None) -> list[ResolvedTarget]:
+    """Every configured target, or only the one named by --target; open-source paths made absolute."""
+    targets = resolve_targets(cfg.finetuner)
+    if target is not None:
+        targets = [select_target(targets, target)]
+    return [with_absolute_paths(t) for t in targets]
+
+
+def with_absolute_paths(target: ResolvedTarget) -> ResolvedTarget:
+    """The target with its output_dir absolute, so a child process writes where the parent looks."""
+    if not isinstance(target.config, OpenSourceConfig):
+        return target
+    output = str(expand_path(target.config.output_dir).resolve())
+    config = target.config.model_copy(update={"output_dir": output})
+    return ResolvedTarget(target.name, target.backend, config, target.machine)
+
+
+def check_targets(targets: list[ResolvedTarget]) -> None:
+    """Refuse settings that cannot run here (QLoRA without CUDA) before any target starts."""
+    from multiagenttrainer.finetune.opensource import check_4bit_supported
+
+    for target in targets:
+        if isinstance(target.config, OpenSourceConfig):
+            try:
+                check_4bit_supported(target.config)
+            except ConfigError as exc:
+                raise ConfigError([f"target {target.name!r}: {p}" for p in exc.problems]) from None
+
+
+def visible_gpus() -> list[str]:
+    """GPU indices this process may use: CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
+    declared = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if declared is not None:
+        return [g for g in declared.split(",") if g.strip() and g.strip() != "-1"]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if listing.returncode != 0:
+        return []
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+
+
+def split_gpus(gpus: list[str], parts: int) -> list[str | None]:
+    """GPU lists for `parts` children: contiguous shares, or round robin when GPUs are fewer."""
+    if not gpus or parts <= 0:
+        return [None] * parts
+    if len(gpus) < parts:
+        return [gpus[i % len(gpus)] for i in range(parts)]
+    share = len(gpus) // parts
+    return [",".join(gpus[i * share : (i + 1) * share]) for i in range(parts)]
+
+
+def plan_jobs(targets: list[ResolvedTarget], name: str) -> list[PlannedJob]:
+    """Job ids for local targets and each local child's share of CPU threads and GPUs."""
+    from multiagenttrainer.finetune.opensource import new_job_id
+
+    local = [t for t in targets if t.backend in LOCAL_BACKENDS]
+    threads = max(1, (os.cpu_count() or 1) // max(1, len(local)))
+    gpu_shares = iter(split_gpus(visible_gpus(), len(local)))
+    planned = []
+    for target in targets:
+        if target.backend in LOCAL_BACKENDS:
+            job_id = new_job_id(f"{name}-{target.name}")
+            planned.append(PlannedJob(target, job_id, threads, next(gpu_shares)))
+        else:
+            planned.append(PlannedJob(target))
+    return planned
+
+
+# --------------------------------------------------------------------------- running one target
+
+
+def run_planned(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
+    """Run one target to its returned record; failures end as a `failed` record, never an exception."""
+    if job.target.backend in LOCAL_BACKENDS:
+        return run_local_child(job, corpus, name, store)
+    try:
+        finetuner = make_finetuner(job.target, store)
+        return finetuner.start_job(finetuner.prepare_dataset(corpus), name)
+    except MatError as exc:
+        return failed_record(store, job, name, str(exc))
+
+
+def worker_command(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> list[str]:
+    """The command line of the child process that trains one local target."""
+    spec = {"name": job.target.name, "backend": job.target.backend, "machine": job.target.machine,
+            "config": job.target.config.model_dump()}  # fmt: skip
+    return [
+        sys.executable, "-m", "multiagenttrainer.finetune.worker",
+        "--target", json.dumps(spec), "--corpus", str(corpus), "--name", name,
+        "--job-id", str(job.job_id), "--jobs-dir", str(store.jobs_dir), "--threads", str(job.threads),
+    ]  # fmt: skip
+
+
+def child_environment(job: PlannedJob) -> dict[str, str]:
+    """The child's environment: its thread count and, on GPU machines, its GPUs."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(job.threads), "MKL_NUM_THREADS": str(job.threads)}
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if job.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = job.gpus
+    return env
+
+
+def run_local_child(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
+    """Train a local target in its own process and return the record it left."""
+    assert job.job_id is not None
+    try:
+        finished = subprocess.run(
+            worker_command(job, corpus, name, store), env=child_environment(job),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, check=False,
+        )  # fmt: skip
+    except OSError as exc:
+        return failed_record(store, job, name, f"cannot start the training process: {exc}")
+    record = find_record(store, job.job_id)
+    if record is not None and record.finished:
+        return record
+    tail = (finished.stderr or "")[-STDERR_TAIL_CHARS:].strip()
+    message = f"training process exited with code {finished.returncode}" + (f": {tail}" if tail else "")
+    return failed_record(store, job, name, message, record)
+
+
+def find_record(store: JobStore, job_id: str) -> JobRecord | None:
+    """The record with this id, or None while it does not exist."""
+    try:
+        return store.get(job_id)
+    except MatError:
+        return None
+
+
+def failed_record(
+    store: JobStore, job: PlannedJob, name: str, error: str, record: JobRecord | None = None
+) -> JobRecord:
+    """Save (and return) a `failed` record for a target that could not run."""
+    cfg = job.target.config
+    model = cfg.model_id if isinstance(cfg, OpenSourceConfig) else cfg.base_model_id
+    if record is None:
+        from multiagenttrainer.finetune.opensource import new_job_id
+
+        job_id = job.job_id or new_job_id(f"{name}-{job.target.name}")
+        record = JobRecord(id=job_id, backend=job.target.backend, target=job.target.name, model=model,
+                           status="failed", name=name)  # fmt: skip
+    record.status, record.error, record.finished_at, record.pid = "failed", error, now_iso(), None
+    return store.save(record)
+
+
+# --------------------------------------------------------------------------- all targets
+
+
+def start_targets(
+    cfg: Config,
+    corpus_path: str | Path | None,
+    name: str,
+    target: str | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> list[JobRecord]:
+    """Start every target (or the one named) at once and return their records when local ones end."""
+    targets = chosen_targets(cfg, target)
+    check_targets(targets)
+    corpus = corpus_or_error(cfg, corpus_path)
+    store = jobs_store(cfg)
+    planned = plan_jobs(targets, name)
+    with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="mat-finetune") as pool:
+        futures = [pool.submit(run_planned, job, corpus, name, store) for job in planned]
+        ids = [job.job_id for job in planned if job.job_id]
+        watch_until(lambda: all(f.done() for f in futures), store, lambda: ids, on_progress)
+        return [future.result() for future in futures]
+
+
+def watch_until(
+    done: Callable[[], bool],
+    store: JobStore,
+    job_ids: Callable[[], list[str]],
+    on_progress: ProgressCallback | None,
+) -> None:
+    """Call on_progress with the jobs' current records until done() is true (and once more after)."""
+    stop = threading.Event()
+    while True:
+        finished = done()
+        if on_progress is not None:
+            on_progress([r for r in (find_record(store, i) for i in job_ids()) if r is not None])
+        if finished or stop.wait(POLL_INTERVAL_S):
+            return
+
+
+# --------------------------------------------------------------------------- existing jobs
+
+
+def list_jobs(cfg: Config) -> list[JobRecord]:
+    """Every job record, oldest first."""
+    return jobs_store(cfg).all()
+
+
+def backend_for_record(cfg: Config, record: JobRecord, store: JobStore) -> ResolvedTarget:
+    """The target settings that manage a stored job (its target if still configured, else the backend's)."""
+    from multiagenttrainer.finetune.registry import backend_defaults
+
+    for candidate in resolve_targets(cfg.finetuner):
+        if candidate.name == record.target and candidate.backend == record.backend:
+            return with_absolute_paths(candidate)
+    return with_absolute_paths(ResolvedTarget(record.target, record.backend,
+                                              backend_defaults(cfg.finetuner, record.backend)))  # fmt: skip
+
+
+def status(cfg: Config, job_id: str) -> JobRecord:
+    """The job's record, refreshed from its backend (Bedrock jobs are read from AWS)."""
+    store = jobs_store(cfg)
+    record = store.get(job_id)
+    if never_submitted(record):
+        return record
+    return make_finetuner(backend_for_record(cfg, record, store), store).get_status(record.id)
+
+
+def never_submitted(record: JobRecord) -> bool:
+    """A remote job that failed before its backend accepted it: there is nothing to refresh."""
+    return record.backend not in LOCAL_BACKENDS and record.external_id is None and record.finished
+
+
+def cancel(cfg: Config, job_id: str) -> JobRecord:
+    """Cancel the job through its backend; a local job stops at its next training step."""
+    store = jobs_store(cfg)
+    record = store.get(job_id)
+    return make_finetuner(backend_for_record(cfg, record, store), store).cancel_job(record.id)

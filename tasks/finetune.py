@@ -1,0 +1,32 @@
+"""Prefect task for fine-tuning: one target per task run.
+
+Not cached (a job must run each time it is asked for) and not retried (a failed job keeps its
+record; starting it again is the user's choice). The task fails when its target's record ends
+`failed`, so the flow shows which target broke while the others finish.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from multiagenttrainer.errors import BackendError
+from multiagenttrainer.finetune.base import JobRecord, JobStore
+from multiagenttrainer.finetune.runner import PlannedJob, run_planned
+
+
+def target_task_name(parameters: dict[str, object]) -> str:
+    """`finetune-<target>` for the task run's name in the UI."""
+    job = parameters.get("job")
+    return f"finetune-{job.target.name}" if isinstance(job, PlannedJob) else "finetune"
+
+
+@task(name="finetune-target", task_run_name=target_task_name, cache_policy=NO_CACHE, retries=0)  # type: ignore[arg-type]
+def run_target(job: PlannedJob, corpus: str, name: str, jobs_dir: str) -> JobRecord:
+    """Run one target (a local child process, or a Bedrock submission); fail when its job failed."""
+    record = run_planned(job, Path(corpus), name, JobStore(Path(jobs_dir)))
+    if record.status == "failed":
+        raise BackendError(f"target {job.target.name!r} (job {record.id}) failed: {record.error}")
+    return record

@@ -20,7 +20,7 @@ from multiagenttrainer.errors import ConfigError, MatError
 
 app = typer.Typer(
     name="mat",
-    help="MultiAgentTrainer: build a training corpus from your code, run training experiments, fine-tune models.",
+    help="MultiAgentTrainer: build a corpus from your code, run training experiments, fine-tune models.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -39,11 +39,15 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="Config file (default: ./multiagenttrainer.yaml).", show_default=False),
+    typer.Option(
+        "--config", "-c", help="Config file (default: ./multiagenttrainer.yaml).", show_default=False
+    ),
 ]
 RepoOption = Annotated[
     list[str] | None,
-    typer.Option("--repo", "-r", help="Extra repository, owner/repo or a git URL; repeatable.", show_default=False),
+    typer.Option(
+        "--repo", "-r", help="Extra repository, owner/repo or a git URL; repeatable.", show_default=False
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 
@@ -65,7 +69,10 @@ def version_callback(value: bool) -> None:
 @app.callback()
 def main_options(
     version: Annotated[
-        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Show the version and exit.")
+        bool,
+        typer.Option(
+            "--version", callback=version_callback, is_eager=True, help="Show the version and exit."
+        ),
     ] = False,
 ) -> None:
     """MultiAgentTrainer (mat)."""
@@ -143,7 +150,8 @@ def ingest(
         cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
         if not cfg.sources:
             raise ConfigError(
-                "sources: nothing to ingest; add a `sources:` list to the config (see configs/config.example.yaml) "
+                "sources: nothing to ingest; add a `sources:` list to the config "
+                "(see configs/config.example.yaml) "
                 "or pass --repo owner/repo"
             )
     except MatError as exc:
@@ -264,7 +272,9 @@ def verbose_logging() -> bool:
 
 OutputDirOption = Annotated[
     Path | None,
-    typer.Option("--output-dir", "-o", help="Runs directory (default: training.output_dir).", show_default=False),
+    typer.Option(
+        "--output-dir", "-o", help="Runs directory (default: training.output_dir).", show_default=False
+    ),
 ]
 
 
@@ -278,7 +288,9 @@ def runs_dir(config: Path | None, output_dir: Path | None) -> Path:
 
 
 @app.command()
-def status(config: ConfigOption = None, output_dir: OutputDirOption = None, as_json: JsonOption = False) -> None:
+def status(
+    config: ConfigOption = None, output_dir: OutputDirOption = None, as_json: JsonOption = False
+) -> None:
     """One row per training run: progress, baseline and best val_bpb, start time, duration."""
     from multiagenttrainer.monitor import render_status_table, run_rows
 
@@ -316,7 +328,9 @@ def watch(
 
 @server_app.command("start")
 def server_start(
-    port: Annotated[int | None, typer.Option(help="Port on 127.0.0.1 (default 4200 or the next free one).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port on 127.0.0.1 (default 4200 or the next free one).")
+    ] = None,
 ) -> None:
     """Start a local Prefect server (SQLite, UI on) in the background."""
     from multiagenttrainer.server import start_server

@@ -85,7 +85,9 @@ class JobStore:
         for record in self.all():
             if job_id in (record.id, record.external_id):
                 return record
-        raise BackendError(f"no fine-tuning job {job_id!r} in {self.jobs_dir}; `mat finetune list` shows the jobs")
+        raise BackendError(
+            f"no fine-tuning job {job_id!r} in {self.jobs_dir}; `mat finetune list` shows the jobs"
+        )
 
 
 def safe_name(text: str) -> str:

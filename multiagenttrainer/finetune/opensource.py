@@ -381,6 +381,8 @@ def load_base(cfg: OpenSourceConfig) -> tuple[Any, Any]:
 
     on_cuda = cuda_available()
     kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if on_cuda else torch.float32}
+    if flash_attention_available():
+        kwargs["attn_implementation"] = "flash_attention_2"  # lets packing skip padding (build_sft_config)
     if cfg.use_4bit:
         kwargs["quantization_config"] = build_4bit_config()
     try:
@@ -398,6 +400,11 @@ def load_base(cfg: OpenSourceConfig) -> tuple[Any, Any]:
 
         model = prepare_model_for_kbit_training(model)  # type: ignore[no-untyped-call]
     return tokenizer, model
+
+
+def flash_attention_available() -> bool:
+    """Whether FlashAttention 2 can run here (CUDA and the flash_attn package)."""
+    return cuda_available() and importlib.util.find_spec("flash_attn") is not None
 
 
 def build_4bit_config() -> Any:
@@ -427,10 +434,13 @@ def build_lora_config(cfg: OpenSourceConfig) -> Any:
 
 
 def build_sft_config(cfg: OpenSourceConfig, checkpoints: Path, has_eval: bool) -> Any:
-    """SFTConfig for continued pretraining: wrapped packing, explicit precision, CUDA extras when present."""
+    """SFTConfig for continued pretraining: packing, explicit precision, CUDA extras when present."""
     from trl.trainer.sft_config import SFTConfig
 
     on_cuda = cuda_available()
+    # "bfd" packs without padding, which is only correct when FlashAttention honours sequence boundaries;
+    # with sdpa/eager attention it lets packed sequences attend to each other, so fall back to "wrapped".
+    packing_strategy = "bfd" if flash_attention_available() else "wrapped"
     return SFTConfig(
         output_dir=str(checkpoints),
         max_length=cfg.max_length,
@@ -447,7 +457,7 @@ def build_sft_config(cfg: OpenSourceConfig, checkpoints: Path, has_eval: bool) -
         logging_steps=1,
         report_to="none",
         packing=True,
-        packing_strategy="wrapped",  # "bfd" leaks attention across sequences without FlashAttention
+        packing_strategy=packing_strategy,
         use_cpu=not on_cuda,
         bf16=on_cuda,
         activation_checkpointing=on_cuda,  # saves GPU memory; pointless for small CPU runs

@@ -170,3 +170,13 @@ def test_qlora_gate_refuses_before_loading_anything_without_cuda(
 def test_describe_names_backend_model_and_settings(make_tuner: TunerFactory, tiny_model_dir: Path) -> None:
     line = make_tuner().describe()
     assert line.startswith("opensource LoRA on") and str(tiny_model_dir) in line and "r=4" in line
+
+
+def test_packing_without_flash_attention_is_wrapped(tmp_path: Path) -> None:
+    """Without CUDA + flash_attn, padding-free "bfd" packing would let packed sequences see each other."""
+    from multiagenttrainer.config import OpenSourceConfig
+    from multiagenttrainer.finetune.opensource import build_sft_config, flash_attention_available
+
+    assert not flash_attention_available()
+    sft = build_sft_config(OpenSourceConfig(), tmp_path / "ckpt", has_eval=False)
+    assert sft.packing and sft.packing_strategy == "wrapped" and not sft.bf16

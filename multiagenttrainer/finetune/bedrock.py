@@ -32,6 +32,7 @@ from botocore.exceptions import (
 )
 
 from multiagenttrainer.config import BedrockConfig
+from multiagenttrainer.corpus.records import corpus_jsonl_path, iter_corpus_records
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
 from multiagenttrainer.finetune.base import (
     DEFAULT_TARGET,
@@ -186,29 +187,6 @@ RECORD_BUILDERS: dict[str, Callable[[dict[str, Any], int], list[dict[str, str]]]
 }
 
 
-def corpus_jsonl_path(corpus_path: Path) -> Path:
-    """corpus.jsonl for a corpus directory, corpus.txt or corpus.jsonl path."""
-    path = Path(corpus_path)
-    candidate = path / "corpus.jsonl" if path.is_dir() else path.with_name("corpus.jsonl")
-    if not candidate.is_file():
-        raise CorpusError(f"no corpus.jsonl at {candidate}; run `mat ingest` first or pass --corpus")
-    return candidate
-
-
-def read_corpus(path: Path) -> Iterator[dict[str, Any]]:
-    """The records of corpus.jsonl, one dict per line."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except ValueError as exc:
-                raise CorpusError(
-                    f"{path}:{number}: not JSON ({exc}); rebuild the corpus with `mat ingest`"
-                ) from None
-
-
 def to_jsonl(records: list[dict[str, str]]) -> bytes:
     """Records as JSON Lines bytes."""
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
@@ -265,7 +243,7 @@ class BedrockFineTuner(FineTuner):
         builder = RECORD_BUILDERS[self.cfg.customization_type]
         limit = char_limit(self.cfg.batch_size)
         splits: dict[str, list[dict[str, str]]] = {"train": [], "val": []}
-        for record in read_corpus(corpus):
+        for _, record in iter_corpus_records(corpus):
             split = "val" if record.get("split") == "val" else "train"
             splits[split].extend(builder(record, limit))
         return splits

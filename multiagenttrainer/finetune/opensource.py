@@ -23,6 +23,7 @@ import xxhash
 
 from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.config import OpenSourceConfig
+from multiagenttrainer.corpus.records import corpus_jsonl_path, iter_corpus_records
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
 from multiagenttrainer.experiments.run_state import now_iso
 from multiagenttrainer.finetune.base import (
@@ -72,39 +73,7 @@ def cuda_available() -> bool:
 
 def read_corpus_records(corpus_path: Path) -> list[dict[str, Any]]:
     """The records of corpus.jsonl (given directly, or the one beside corpus.txt or in a corpus folder)."""
-    jsonl = corpus_jsonl_path(corpus_path)
-    records = []
-    try:
-        with jsonl.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    records.append(parse_corpus_line(line, jsonl, number))
-    except OSError as exc:
-        raise CorpusError(
-            f"cannot read {jsonl}: {exc.strerror or exc}; run `mat ingest` to build it"
-        ) from exc
-    return records
-
-
-def corpus_jsonl_path(corpus_path: Path) -> Path:
-    """Where corpus.jsonl is for a corpus file or folder; CorpusError if it does not exist."""
-    path = Path(corpus_path)
-    candidates = [path / "corpus.jsonl"] if path.is_dir() else [path, path.with_name("corpus.jsonl")]
-    for candidate in candidates:
-        if candidate.suffix == ".jsonl" and candidate.is_file():
-            return candidate
-    raise CorpusError(f"no corpus.jsonl at {path}; run `mat ingest` to build the corpus first")
-
-
-def parse_corpus_line(line: str, path: Path, number: int) -> dict[str, Any]:
-    """One corpus.jsonl line as a dict; CorpusError naming the line if it is not a JSON object."""
-    try:
-        record = json.loads(line)
-    except ValueError as exc:
-        raise CorpusError(f"{path}:{number} is not valid JSON; rebuild the corpus with `mat ingest`") from exc
-    if not isinstance(record, dict):
-        raise CorpusError(f"{path}:{number} is not a JSON object; rebuild the corpus with `mat ingest`")
-    return record
+    return [record for _, record in iter_corpus_records(corpus_jsonl_path(corpus_path))]
 
 
 def split_texts(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:

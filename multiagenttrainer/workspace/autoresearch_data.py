@@ -25,13 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from multiagenttrainer.corpus.records import iter_corpus_records
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.workspace.builtin import (
     MIN_VAL_BYTES,
     carve_val,
     check_sizes,
     document_label,
-    iter_corpus_records,
     scan_corpus,
 )
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import orjson
 import xxhash
 
+from multiagenttrainer.corpus.records import iter_corpus_records
 from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
 
 TEMPLATE_FILES = ("prepare.py", "train.py", "program.md")
@@ -42,36 +41,6 @@ class DocumentInfo:
 
 
 # ---------------------------------------------------------------- reading corpus.jsonl
-
-
-def iter_corpus_records(corpus_jsonl: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (index, record) for each non-blank line of corpus.jsonl, streaming."""
-    try:
-        handle = corpus_jsonl.open("rb")
-    except OSError as exc:
-        raise CorpusError(f"cannot read {corpus_jsonl}: {exc.strerror}; run `mat ingest` first") from exc
-    with handle:
-        index = 0
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            yield index, parse_record(line, corpus_jsonl, line_number)
-            index += 1
-
-
-def parse_record(line: bytes, corpus_jsonl: Path, line_number: int) -> dict[str, Any]:
-    """Decode one corpus.jsonl line; it must be an object with a string `text`."""
-    try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise CorpusError(
-            f"{corpus_jsonl} line {line_number} is not JSON ({exc}); rebuild with `mat ingest`"
-        ) from exc
-    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-        raise CorpusError(
-            f"{corpus_jsonl} line {line_number} has no `text` string; rebuild with `mat ingest`"
-        )
-    return record
 
 
 def document_label(record: dict[str, Any]) -> str:

@@ -11,8 +11,11 @@ agent writing the file itself) is cut away by `read_results` before anything els
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,35 +96,53 @@ def repair_torn_line(path: Path) -> bool:
 
 def ensure_header(path: Path) -> None:
     """Create results.tsv with only the header line when it is missing or empty."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    repair_torn_line(path)
-    if not path.exists() or path.stat().st_size == 0:
-        write_line(path, RESULTS_HEADER + "\n")
+    with locked_for_append(path) as fd:
+        header_if_empty(path, fd)
 
 
 def read_results(path: Path) -> list[ResultRow]:
     """The rows of results.tsv after repairing a torn last line; [] when the file does not exist."""
-    repair_torn_line(path)
-    try:
-        return parse_rows(path.read_text(encoding="utf-8", errors="replace"))
-    except FileNotFoundError:
+    if not path.exists():
         return []
+    with locked_for_append(path):  # a writer in another process never has its line cut mid-write
+        repair_torn_line(path)
+        return parse_rows(path.read_text(encoding="utf-8", errors="replace"))
 
 
 def append_result(path: Path, result: ExperimentResult | ResultRow) -> None:
-    """Append one row: a single write of the whole line to an O_APPEND descriptor, then fsync."""
-    ensure_header(path)
-    write_line(path, format_row(result))
+    """Append one row: a single write of the whole line to an O_APPEND descriptor, then fsync.
+
+    Writers hold an exclusive lock on the file, so the torn-line repair of one never cuts the line
+    another is writing at that moment.
+    """
+    with locked_for_append(path) as fd:
+        header_if_empty(path, fd)
+        write_all(fd, format_row(result), path)
 
 
-def write_line(path: Path, line: str) -> None:
-    """Append `line` with one os.write and fsync it."""
-    data = line.encode("utf-8")
+@contextlib.contextmanager
+def locked_for_append(path: Path) -> Iterator[int]:
+    """An O_APPEND descriptor on `path` (created if missing) holding an exclusive flock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        written = os.write(fd, data)
-        if written != len(data):  # never seen for a line this short on a local disk, but not silent
-            raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
-        os.fsync(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
     finally:
-        os.close(fd)
+        os.close(fd)  # also releases the lock
+
+
+def header_if_empty(path: Path, fd: int) -> None:
+    """Under the lock: cut a torn last line, and write the header into an empty file."""
+    repair_torn_line(path)
+    if os.fstat(fd).st_size == 0:
+        write_all(fd, RESULTS_HEADER + "\n", path)
+
+
+def write_all(fd: int, line: str, path: Path) -> None:
+    """Write `line` with one os.write and fsync it."""
+    data = line.encode("utf-8")
+    written = os.write(fd, data)
+    if written != len(data):  # never seen for a line this short on a local disk, but not silent
+        raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
+    os.fsync(fd)

@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -119,12 +119,15 @@ def deploy_one(project_dir: Path, spec: Mapping[str, Any], work_pool: str) -> st
     return f"{flow.name}/{name}"
 
 
-def register_deployments(project_dir: Path, work_pool: str = DEFAULT_WORK_POOL) -> list[str]:
-    """Create the process pool `work_pool` if missing and register every deployment in prefect.yaml.
+def register_deployments(
+    project_dir: Path, work_pool: str = DEFAULT_WORK_POOL, only: Sequence[str] | None = None
+) -> list[str]:
+    """Create the process pool `work_pool` if missing and register the deployments in prefect.yaml.
 
     Deployments on prefect.yaml's `mat-local` pool go to `work_pool`; any other pool must exist.
+    `only` limits registration to the named deployments (all of them by default).
     """
     project_dir = Path(project_dir).resolve()
-    specs = load_deployment_specs(project_dir)
+    specs = [s for s in load_deployment_specs(project_dir) if only is None or s["name"] in only]
     ensure_process_pool(work_pool)
     return [deploy_one(project_dir, spec, work_pool_for(spec, work_pool)) for spec in specs]

@@ -13,28 +13,13 @@ from multiagenttrainer.sources.github_org import GithubOrg
 from tests.api_sources.bare_repos import commit_files
 from tests.api_sources.fake_bedrock import FakeBedrock
 from tests.api_sources.fake_github import FakeGithub, FakeRepo
+from tests.support.aws import isolate_aws
 
 WEB_URL = "https://github.example.test"
 TIMEOUT_S = 5.0
 ACCESS_KEY = "AKIAFAKEACCESSKEY123"
 SECRET_KEY = "fake/secret+key/never-printed-0123456789"
-CREDENTIAL_VARIABLES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_ROLE_ARN",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_ENDPOINT_URL",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-    "AWS_MAX_ATTEMPTS",
-    "AWS_RETRY_MODE",
-)
+
 
 
 @pytest.fixture
@@ -84,11 +69,7 @@ def fake_bedrock() -> Iterator[FakeBedrock]:
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path, fake_bedrock):
     """Fake credentials in env vars, no config files, no instance metadata, boto3 pointed at the fake."""
-    for name in CREDENTIAL_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_AGENT_RUNTIME", fake_bedrock.url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)

@@ -14,37 +14,20 @@ from moto import mock_aws
 from multiagenttrainer.config import BedrockConfig
 from multiagenttrainer.finetune.base import JobStore
 from multiagenttrainer.finetune.bedrock import BedrockFineTuner
+from tests.support.aws import isolate_aws
 
 REGION = "us-east-1"
 BUCKET = "mat-training"
 ROLE_ARN = "arn:aws:iam::123456789012:role/mat-bedrock"
 ACCESS_KEY = "AKIAFAKEFINETUNE0001"
 SECRET_KEY = "fake/secret+finetune/never-printed-42"
-AWS_VARIABLES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_ROLE_ARN",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_ENDPOINT_URL",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-)
+
 
 
 @pytest.fixture
 def clean_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """No AWS settings from the machine: no credentials, no profile files, no instance metadata."""
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     return monkeypatch
 

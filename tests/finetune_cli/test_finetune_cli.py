@@ -8,9 +8,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from tests.finetune_cli.conftest import mat, mat_env, mat_json, opensource_section, start_mat, write_config
+from tests.support.aws import moto_server
 
 pytestmark = pytest.mark.integration
 
@@ -109,12 +109,9 @@ ROLE_ARN = "arn:aws:iam::123456789012:role/mat-bedrock"
 @pytest.fixture
 def moto_endpoint(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A moto server on 127.0.0.1 with the training bucket, and the environment that points `mat` at it."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
+    with moto_server() as url:
         env = {
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ENDPOINT_URL": url,
             "AWS_ACCESS_KEY_ID": "AKIAFAKEFINETUNECLI1",
             "AWS_SECRET_ACCESS_KEY": "fake-secret-finetune-cli",
             "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
@@ -127,8 +124,6 @@ def moto_endpoint(tmp_path: Path) -> Iterator[dict[str, str]]:
                           aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])  # fmt: skip
         s3.create_bucket(Bucket=BUCKET)
         yield env
-    finally:
-        server.stop()
 
 
 def test_bedrock_target_returns_at_once_with_its_arn_and_status_shows_it_running(

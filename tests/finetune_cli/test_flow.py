@@ -4,21 +4,19 @@ the other target finishes, and an SES alert (moto server on 127.0.0.1) names the
 from __future__ import annotations
 
 import json
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import pytest
 import yaml
-from moto.server import ThreadedMotoServer
 
 from flows.finetune import run_finetune
 from multiagenttrainer.errors import BackendError
 from multiagenttrainer.finetune.base import JobRecord, JobStore
 from tests.finetune_cli.conftest import opensource_section
+from tests.support.aws import isolate_aws, moto_server, sent_messages
 
 pytestmark = pytest.mark.integration
 
@@ -26,41 +24,19 @@ REGION = "eu-west-1"
 SENDER = "mat@example.com"
 RECIPIENTS = ["ops@example.com"]
 SECRET = "moto-secret-finetune-flow"
-AWS_VARIABLES = (
-    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-)  # fmt: skip
+
 
 
 @pytest.fixture
 def ses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
     """moto's server with SES, the sender verified, fake credentials; yields its URL."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SES", url)
-    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
-    try:
+    with moto_server() as url:
+        isolate_aws(monkeypatch, tmp_path)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SES", url)
         boto3.client("ses", region_name=REGION).verify_email_identity(EmailAddress=SENDER)
         yield url
-    finally:
-        server.stop()
-
-
-def sent_messages(moto_url: str) -> list[dict[str, Any]]:
-    """Every e-mail moto's SES has accepted."""
-    with urllib.request.urlopen(f"{moto_url}/moto-api/data.json", timeout=10) as response:
-        messages: list[dict[str, Any]] = json.load(response).get("ses", {}).get("Message", [])
-    return messages
 
 
 def test_a_failed_target_fails_the_flow_and_alerts_while_the_other_finishes(

@@ -23,35 +23,19 @@ from multiagenttrainer.notify import (
     run_failure_alert,
 )
 from tests.report.conftest import CRASH_ERROR, make_state, result
+from tests.support.aws import isolate_aws
 
 REGION = "eu-west-1"
 SENDER = "mat@example.com"
 RECIPIENTS = ["ops@example.com", "lead@example.com"]
 SECRET = "moto-secret-key-not-for-messages"
-AWS_VARIABLES = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_SES",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-)
+
 
 
 @pytest.fixture
 def clean_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No credentials, profiles or endpoints from the developer's machine; no instance metadata lookups."""
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +15,10 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from flows.train import run_train
 from multiagenttrainer.errors import CorpusError
+from tests.support.aws import isolate_aws, moto_server, sent_messages
 from tests.training.conftest import AGENTS, FIXED_STEPS, only_run_dir, write_config
 
 pytestmark = pytest.mark.integration
@@ -28,56 +27,26 @@ REGION = "eu-west-1"
 SENDER = "mat@example.com"
 RECIPIENTS = ["ops@example.com", "lead@example.com"]
 SECRET = "moto-secret-not-for-mail"
-AWS_VARIABLES = (
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_ENDPOINT_URL",
-    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-)
+
 
 
 @pytest.fixture(scope="module")
-def moto_server() -> Iterator[str]:
-    """moto's server on a free port of 127.0.0.1; yields its base URL."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+def moto_url() -> Iterator[str]:
+    """moto's server on a free port of 127.0.0.1, shared by this module's tests."""
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture
-def ses(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+def ses(moto_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """Fake credentials, SES pointed at moto, the sender verified there; yields moto's URL."""
-    for name in AWS_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SES", moto_server)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SES", moto_url)
     monkeypatch.setenv("MAT_FIXED_STEPS", FIXED_STEPS)  # reaches train.py through the executor's environment
-    # boto3's default session caches the credentials it first finds; give this test a fresh one and put
-    # the previous one back afterwards, so the fake credentials do not outlive the test.
-    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     boto3.client("ses", region_name=REGION).verify_email_identity(EmailAddress=SENDER)
-    return moto_server
-
-
-def sent_messages(moto_url: str) -> list[dict[str, Any]]:
-    """Every e-mail moto's SES has accepted, from its model data endpoint."""
-    with urllib.request.urlopen(f"{moto_url}/moto-api/data.json", timeout=10) as response:
-        data = json.load(response)
-    messages: list[dict[str, Any]] = data.get("ses", {}).get("Message", [])
-    return messages
+    return moto_url
 
 
 def messages_about(moto_url: str, run_name: str) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-LOOPBACK = "127.0.0.1"
+from tests.support.http import LOOPBACK, ServerThread
+
 DOCS = "https://docs.github.com/rest"
 PRIMARY_LIMIT_MESSAGE = (
     "API rate limit exceeded for 127.0.0.1. (But here's the good news: Authenticated requests get a "
@@ -68,31 +69,24 @@ class FakeGithub:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._httpd: _Httpd | None = None
-        self._thread: threading.Thread | None = None
+        self._server = ServerThread(self._make_httpd)
         self._short_limit_served: set[str] = set()
 
     @property
     def url(self) -> str:
-        assert self._httpd is not None, "server not started"
-        return f"http://{LOOPBACK}:{self._httpd.server_address[1]}"
+        return self._server.url
+
+    def _make_httpd(self) -> _Httpd:
+        httpd = _Httpd((LOOPBACK, 0), _Handler)
+        httpd.fake = self
+        return httpd
 
     def start(self) -> FakeGithub:
-        self._httpd = _Httpd((LOOPBACK, 0), _Handler)
-        self._httpd.fake = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._httpd = self._thread = None
+        self._server.stop()
 
     def __enter__(self) -> FakeGithub:
         return self.start()

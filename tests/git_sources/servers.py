@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support.http import ServerThread
+
 LOOPBACK = "127.0.0.1"
 CGI_TIMEOUT_S = 30
 START_TIMEOUT_S = 10
@@ -248,35 +250,28 @@ class GitHttpServer:
     def __post_init__(self) -> None:
         self.backend = str(Path(git("--exec-path")) / "git-http-backend")
         self._lock = threading.Lock()
-        self._httpd: _GitHttpd | None = None
-        self._thread: threading.Thread | None = None
+        self._server = ServerThread(self._make_httpd, poll_interval_s=0.1, stop_timeout_s=STOP_TIMEOUT_S)
 
     @property
     def port(self) -> int:
-        assert self._httpd is not None, "server not started"
-        return int(self._httpd.server_address[1])
+        return self._server.port
 
     @property
     def url(self) -> str:
         """Base URL, e.g. http://127.0.0.1:PORT (repositories live at /<owner>/<repo>.git)."""
         return f"http://{LOOPBACK}:{self.port}"
 
+    def _make_httpd(self) -> _GitHttpd:
+        httpd = _GitHttpd((LOOPBACK, 0), _GitHandler)
+        httpd.owner = self
+        return httpd
+
     def start(self) -> GitHttpServer:
-        self._httpd = _GitHttpd((LOOPBACK, 0), _GitHandler)
-        self._httpd.owner = self
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
-        )
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=STOP_TIMEOUT_S)
-        self._httpd = self._thread = None
+        self._server.stop()
 
     def record(self, request: RequestRecord) -> None:
         with self._lock:

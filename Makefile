@@ -7,19 +7,23 @@ STAMP := $(VENV)/.installed
 EXTRAS := opensource,aws,docker,ssh,dev
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint bench clean
+.PHONY: install native demo test lint bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
+	@bash scripts/install-system-deps.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# Without CUDA, install the CPU build of torch first, or pip pulls a multi-GB CUDA build.
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
 		$(BIN)/python -m pip install --quiet torch==2.13.0; fi
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	@bash scripts/install-system-deps.sh
 	@touch $(STAMP)
+
+# Recompile the native corpus accelerators in place after editing multiagenttrainer/corpus/native/*.c.
+native: install
+	$(BIN)/python setup.py --quiet build_ext --inplace
 
 demo: install
 	$(BIN)/mat train --config configs/quickstart.yaml

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from itertools import compress
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -74,21 +75,21 @@ class Assembly:
 
     def place(self, result: ChunkResult) -> Placement:
         """Decide which of the next chunk's records are kept, and reserve their bytes in both files."""
-        keep = [self._first_time(record.sha) for record in result.records]
+        keep = self._first_times(result.shas) if self.dedupe else [True] * len(result.shas)
         placement = Placement(keep, self.sizes["txt"], self.sizes["jsonl"])
-        for record, kept in zip(result.records, keep, strict=True):
-            if kept:
-                self.sizes["txt"] += record.txt_bytes
-                self.sizes["jsonl"] += record.jsonl_bytes
+        self.sizes["txt"] += sum(compress(result.txt_bytes, keep))
+        self.sizes["jsonl"] += sum(compress(result.jsonl_bytes, keep))
         return placement
 
-    def _first_time(self, sha: bytes) -> bool:
-        if not self.dedupe:
-            return True
-        if sha in self.seen:
-            return False
-        self.seen.add(sha)
-        return True
+    def _first_times(self, shas: list[bytes]) -> list[bool]:
+        """For each SHA, whether no earlier record had it (the first of equal records in a chunk wins)."""
+        seen = self.seen
+        keep = []
+        for sha in shas:
+            new = sha not in seen
+            keep.append(new)
+            seen.add(sha)
+        return keep
 
     def commit(self, stats: dict[str, Any]) -> None:
         """Put corpus.txt and corpus.jsonl in place, then stats.json."""

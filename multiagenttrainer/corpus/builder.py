@@ -25,6 +25,7 @@ import orjson
 import xxhash
 
 from multiagenttrainer.config import CorpusConfig
+from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
 from multiagenttrainer.corpus.chunks import ChunkJob, ChunkSettings
 from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
@@ -34,7 +35,7 @@ from multiagenttrainer.progress import IngestProgress, NullProgress
 from multiagenttrainer.sources.base import Snapshot
 
 # Bump whenever the corpus content for the same inputs changes (rules, formats), so old corpora are rebuilt.
-CORPUS_FORMAT = 1
+CORPUS_FORMAT = 2  # 2: the split hash is SHA-1 (computed natively too), no longer xxh3
 PARALLEL_MIN_BYTES = 16 << 20  # below this, worker processes cost more than they save
 MAX_WORKERS = 4
 
@@ -67,7 +68,7 @@ def build_corpus(
     stats = CorpusStats(plan, snapshots)
     processes = choose_workers(plan, workers)
     with Assembly(paths, options.dedupe) as assembly:
-        jobs = make_jobs(plan, options, chunk_bytes)
+        jobs = list(make_jobs(plan, options, chunk_bytes))
         run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
         with closing(run) as placed:  # on any error, workers stop before the work directory goes
             for result, placement in placed:
@@ -79,6 +80,7 @@ def build_corpus(
             paths=paths.as_dict(),
             output_bytes=dict(assembly.sizes),
             workers=processes,
+            native=accel.encoder() is not None,
             build_seconds=round(time.perf_counter() - started, 3),
         )
         assembly.commit(summary)
@@ -132,6 +134,7 @@ def chunk_settings(options: CorpusConfig) -> ChunkSettings:
         redact=options.redact_secrets,
         val_fraction=options.val_fraction,
         skip_generated=options.skip_generated,
+        native=accel.encoder() is not None,
     )
 
 

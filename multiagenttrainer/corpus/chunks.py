@@ -10,20 +10,22 @@ there, so the result is the same for any chunking and any number of workers.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import groupby
+from operator import itemgetter
 
 import orjson
-import xxhash
 from dulwich.objects import ObjectID
 from dulwich.repo import Repo
 
+from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.filters import content_skip_reason, decode_text
 from multiagenttrainer.corpus.plan import Item, TreeInfo
-from multiagenttrainer.corpus.secrets import redact_secrets
+from multiagenttrainer.corpus.secrets import SCANNER, redact_secrets
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ChunkSettings:
     redact: bool
     val_fraction: float
     skip_generated: bool
+    native: bool = False  # use the C encoder (accel.py) for plain text files
 
 
 @dataclass(frozen=True)
@@ -47,24 +50,20 @@ class ChunkJob:
     settings: ChunkSettings
 
 
-class Record(NamedTuple):
-    """What the parent needs to know about one file the chunk kept."""
-
-    sha: bytes  # git blob SHA-1 of the original bytes: the dedupe key
-    txt_bytes: int
-    jsonl_bytes: int
-    size: int  # original file size in bytes
-    split: str
-    tree: int
-    secrets: dict[str, int] | None
-
-
 @dataclass
 class ChunkResult:
-    """What a chunk produced, without the bytes: its records in order, and what was skipped, per tree."""
+    """What a chunk produced, without the bytes: one column per field of its kept records, in order,
+    and what was skipped, per tree. Columns of plain values travel between processes cheaply.
+    """
 
     index: int
-    records: list[Record] = field(default_factory=list)
+    shas: list[bytes] = field(default_factory=list)  # git blob SHA-1 of the original bytes: the dedupe key
+    txt_bytes: list[int] = field(default_factory=list)  # length of the record in corpus.txt
+    jsonl_bytes: list[int] = field(default_factory=list)  # length of the record in corpus.jsonl
+    sizes: list[int] = field(default_factory=list)  # original file size in bytes
+    splits: list[str] = field(default_factory=list)
+    trees: list[int] = field(default_factory=list)
+    secrets: dict[int, dict[str, int]] = field(default_factory=dict)  # record position -> redactions per rule
     skipped: dict[tuple[int, str], int] = field(default_factory=dict)
     files: int = 0
     bytes_read: int = 0
@@ -73,14 +72,27 @@ class ChunkResult:
     def skip(self, tree: int, reason: str) -> None:
         self.skipped[tree, reason] = self.skipped.get((tree, reason), 0) + 1
 
+    def add_record(
+        self, sha: bytes, txt_bytes: int, jsonl_bytes: int, size: int, split: str, tree: int,
+        secrets: dict[str, int] | None,
+    ) -> None:
+        if secrets:
+            self.secrets[len(self.shas)] = secrets
+        self.shas.append(sha)
+        self.txt_bytes.append(txt_bytes)
+        self.jsonl_bytes.append(jsonl_bytes)
+        self.sizes.append(size)
+        self.splits.append(split)
+        self.trees.append(tree)
+
 
 @dataclass
 class ChunkOutput:
-    """A processed chunk: the result, and each record's corpus.txt pieces and corpus.jsonl line."""
+    """A processed chunk: the result, and each record's corpus.txt and corpus.jsonl pieces."""
 
     result: ChunkResult
     txt: list[tuple[bytes, ...]] = field(default_factory=list)
-    jsonl: list[bytes] = field(default_factory=list)
+    jsonl: list[tuple[bytes, ...]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -99,9 +111,19 @@ def git_blob_sha(data: bytes) -> bytes:
     return digest.digest()
 
 
-def split_for(key: str, val_fraction: float) -> str:
-    """The split of a file: "val" for a stable val_fraction share of keys (xxh3 of source/repo/path)."""
-    return "val" if xxhash.xxh3_64_intdigest(key.encode()) < val_fraction * 2**64 else "train"
+SPLITS = ("train", "val")
+
+
+def val_threshold(val_fraction: float) -> int:
+    """Keys whose 64-bit split hash is below this go to "val" (2**64: all of them)."""
+    return math.ceil(val_fraction * 2**64)
+
+
+def split_for(key: str, threshold: int) -> str:
+    """The split of a file: "val" for a stable share of keys (the first 8 bytes of SHA-1 of
+    source/repo/path, big-endian, below `val_threshold`); the native encoder computes the same."""
+    digest = hashlib.sha1(key.encode(), usedforsecurity=False).digest()
+    return SPLITS[int.from_bytes(digest[:8], "big") < threshold]
 
 
 def read_file(path: str, expected: int, limit: int) -> bytes:
@@ -126,7 +148,10 @@ Loader = Callable[[Item], tuple[bytes, "bytes | None"]]  # item -> (data, blob S
 
 def dir_loader(tree: TreeInfo, settings: ChunkSettings, stack: ExitStack) -> Loader:
     """Files on disk, read by path."""
-    return lambda item: (read_file(str(item.ref), item.size, settings.max_file_bytes), None)
+    native = accel.encoder() if settings.native else None
+    read = native.read_file if native is not None else read_file
+    limit = settings.max_file_bytes
+    return lambda item: (read(str(item.ref), item.size, limit), None)
 
 
 def git_loader(tree: TreeInfo, settings: ChunkSettings, stack: ExitStack) -> Loader:
@@ -153,18 +178,25 @@ LOADERS: dict[str, Callable[[TreeInfo, ChunkSettings, ExitStack], Loader]] = {
 
 
 class RecordEncoder:
-    """Turns one kept file into its corpus.txt pieces (header, text, final newline) and corpus.jsonl line."""
+    """Turns one kept file into its corpus.txt pieces (header, text, final newline) and corpus.jsonl pieces.
+
+    A record is `{"source", "repo", "commit", "path", "bytes", "sha", "split", "text"}` as orjson
+    writes it. With text already escaped by the native encoder, the line is written as three pieces
+    (the fields before the text, the escaped text, the closing) with the same bytes.
+    """
 
     def __init__(self, trees: tuple[TreeInfo, ...], output: ChunkOutput) -> None:
         self.trees = trees
         self.output = output
         self.headers = [f"--- source: {t.source} | repo: {t.repo} | path: ".encode() for t in trees]
+        self.record_starts = [
+            orjson.dumps({"source": t.source, "repo": t.repo, "commit": t.commit})[:-1] + b',"path":'
+            for t in trees
+        ]
 
     def add(self, item: Item, data: bytes, text: str, size: int, sha: bytes, split: str) -> tuple[int, int]:
-        """Encode one file; returns its length in (corpus.txt, corpus.jsonl) bytes."""
+        """Encode one file (its text as a str); returns its length in (corpus.txt, corpus.jsonl) bytes."""
         tree = self.trees[item.tree]
-        header = self.headers[item.tree] + item.path.encode() + b" ---\n"
-        pieces = (header, data) if data.endswith(b"\n") else (header, data, b"\n")
         record = {
             "source": tree.source,
             "repo": tree.repo,
@@ -175,67 +207,170 @@ class RecordEncoder:
             "split": split,
             "text": text,
         }
-        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        return self._append(item, data, (orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE),))
+
+    def add_escaped(
+        self, item: Item, data: bytes, escaped: bytes, size: int, sha: bytes, split: str
+    ) -> tuple[int, int]:
+        """Encode one file whose text is already the body of a JSON string; the same bytes as `add`."""
+        fields = b'%b%b,"bytes":%d,"sha":"%b","split":"%b","text":"' % (
+            self.record_starts[item.tree],
+            orjson.dumps(item.path),
+            size,
+            sha.hex().encode(),
+            split.encode(),
+        )
+        return self._append(item, data, (fields, escaped, b'"}\n'))
+
+    def _append(self, item: Item, data: bytes, line: tuple[bytes, ...]) -> tuple[int, int]:
+        header = self.headers[item.tree] + item.path.encode() + b" ---\n"
+        pieces = (header, data) if data.endswith(b"\n") else (header, data, b"\n")
         self.output.txt.append(pieces)
         self.output.jsonl.append(line)
-        return sum(map(len, pieces)), len(line)
+        return sum(map(len, pieces)), sum(map(len, line))
 
 
 def run_chunk(job: ChunkJob) -> ChunkOutput:
     """Process one chunk in memory (in a worker process, or in-process when there are no workers)."""
     output = ChunkOutput(ChunkResult(job.index))
-    encoder = RecordEncoder(job.trees, output)
-    seen: set[bytes] = set()
+    processor = ItemProcessor(job.settings, RecordEncoder(job.trees, output))
     with ExitStack() as stack:
         loaders: dict[int, Loader] = {}
-        for item in job.items:
-            if item.tree not in loaders:
-                tree = job.trees[item.tree]
-                loaders[item.tree] = LOADERS[tree.kind](tree, job.settings, stack)
-            process_item(item, loaders[item.tree], job.settings, seen, encoder, output.result)
+        for tree_index, run in groupby(job.items, key=itemgetter(0)):
+            tree = job.trees[tree_index]
+            if tree.kind == "dir" and processor.native is not None:
+                processor.process_dir_run(list(run))
+                continue
+            if tree_index not in loaders:
+                loaders[tree_index] = LOADERS[tree.kind](tree, job.settings, stack)
+            for item in run:
+                processor.process(item, loaders[tree_index])
     return output
 
 
-def process_item(
-    item: Item,
-    load: Loader,
-    settings: ChunkSettings,
-    seen: set[bytes],
-    encoder: RecordEncoder,
-    result: ChunkResult,
-) -> None:
-    """Read, filter, dedupe, redact and encode one file."""
-    result.files += 1
-    try:
-        data, sha = load(item)
-    except (OSError, KeyError):  # vanished, unreadable, or a blob missing from the object store
-        result.skip(item.tree, "unreadable")
-        return
-    result.bytes_read += len(data)
-    reason = content_skip_reason(data, item.path, settings.max_file_bytes, settings.skip_generated)
-    decoded = None if reason else decode_text(data)
-    if decoded is None:
-        result.skip(item.tree, reason or "undecodable")
-        return
-    text, lossy = decoded
-    sha = sha or git_blob_sha(data)
-    if settings.dedupe and sha in seen:
-        result.skip(item.tree, "duplicate")
-        return
-    seen.add(sha)
-    size = len(data)
-    if lossy:
-        data = text.encode()  # kept with replacement characters: the corpus is always valid UTF-8
-        result.replaced_encoding += 1
-    redacted = None
-    if settings.redact:
-        data, found = redact_secrets(data)
-        if found:
-            text, redacted = data.decode(), found
-    tree = encoder.trees[item.tree]
-    split = split_for(f"{tree.source}/{tree.repo}/{item.path}", settings.val_fraction)
-    txt_bytes, jsonl_bytes = encoder.add(item, data, text, size, sha, split)
-    result.records.append(Record(sha, txt_bytes, jsonl_bytes, size, split, item.tree, redacted))
+class ItemProcessor:
+    """Read, filter, dedupe, redact and encode files, one after another, into one chunk's output."""
+
+    def __init__(self, settings: ChunkSettings, encoder: RecordEncoder) -> None:
+        self.settings = settings
+        self.encoder = encoder
+        self.result = encoder.output.result
+        self.seen: set[bytes] = set()
+        self.native = accel.encoder() if settings.native else None
+        self.threshold = val_threshold(settings.val_fraction)
+
+    def process_dir_run(self, items: list[Item]) -> None:
+        """Consecutive files on disk, encoded natively; files for the Python rules come back one by one."""
+        assert self.native is not None
+        trees = self.encoder.trees
+        result = self.result
+        result.files += len(items)
+        result.bytes_read += self.native.encode_dir_items(
+            items=items,
+            headers=self.encoder.headers,
+            record_starts=self.encoder.record_starts,
+            split_prefixes=[f"{t.source}/{t.repo}/".encode() for t in trees],
+            split_names=SPLITS,
+            val_threshold=self.threshold,
+            limit=self.settings.max_file_bytes,
+            skip_generated=self.settings.skip_generated,
+            dedupe=self.settings.dedupe,
+            seen=self.seen,
+            scanner=SCANNER if self.settings.redact else None,
+            txt=self.encoder.output.txt,
+            jsonl=self.encoder.output.jsonl,
+            columns=(
+                result.shas, result.txt_bytes, result.jsonl_bytes, result.sizes, result.splits, result.trees
+            ),
+            skip=result.skip,
+            fallback=self.take_back,
+        )
+
+    def take_back(self, item: Item, data: bytes | None, escaped: bytes | None, sha: bytes | None) -> None:
+        """A file the native encoder hands back: unreadable, for the content rules, or with secret hits."""
+        if data is None:
+            self.result.skip(item.tree, "unreadable")
+        elif escaped is None or sha is None:
+            self.process_by_rules(item, data, None)
+        else:
+            self.keep_plain(item, data, escaped, sha)
+
+    def process(self, item: Item, load: Loader) -> None:
+        """One file: the native encoder takes plain text files, the Python rules everything else."""
+        result = self.result
+        result.files += 1
+        try:
+            data, sha = load(item)
+        except (OSError, KeyError):  # vanished, unreadable, or a blob missing from the object store
+            result.skip(item.tree, "unreadable")
+            return
+        result.bytes_read += len(data)
+        if self.native is not None:
+            limit, skip_generated = self.settings.max_file_bytes, self.settings.skip_generated
+            plain, escaped, blob_sha = self.native.encode(data, limit, skip_generated)
+            if plain:
+                self.keep_plain(item, data, escaped, sha or blob_sha)
+                return
+        self.process_by_rules(item, data, sha)
+
+    def keep_plain(self, item: Item, data: bytes, escaped: bytes, sha: bytes) -> None:
+        """A valid UTF-8 text file no content rule applies to, already escaped for JSON."""
+        if self.settings.dedupe and sha in self.seen:
+            self.result.skip(item.tree, "duplicate")
+            return
+        self.seen.add(sha)
+        size = len(data)
+        redacted = None
+        if self.settings.redact:
+            data, found = redact_secrets(data)
+            if found:
+                redacted = found
+                rescaped = self.native.escape(data) if self.native is not None else None
+                if rescaped is None:  # not UTF-8 after the redaction: encode it the general way
+                    text = data.decode("utf-8", "replace")
+                    self.add_record(item, text.encode(), text, size, sha, redacted)
+                    return
+                escaped = rescaped
+        split = self.split_of(item)
+        txt_bytes, jsonl_bytes = self.encoder.add_escaped(item, data, escaped, size, sha, split)
+        self.result.add_record(sha, txt_bytes, jsonl_bytes, size, split, item.tree, redacted)
+
+    def process_by_rules(self, item: Item, data: bytes, sha: bytes | None) -> None:
+        """The Python rules: skip reasons, lenient decoding, dedupe, redaction."""
+        result, settings = self.result, self.settings
+        reason = content_skip_reason(data, item.path, settings.max_file_bytes, settings.skip_generated)
+        decoded = None if reason else decode_text(data)
+        if decoded is None:
+            result.skip(item.tree, reason or "undecodable")
+            return
+        text, lossy = decoded
+        sha = sha or git_blob_sha(data)
+        if settings.dedupe and sha in self.seen:
+            result.skip(item.tree, "duplicate")
+            return
+        self.seen.add(sha)
+        size = len(data)
+        if lossy:
+            data = text.encode()  # kept with replacement characters: the corpus is always valid UTF-8
+            result.replaced_encoding += 1
+        redacted = None
+        if settings.redact:
+            data, found = redact_secrets(data)
+            if found:
+                text, redacted = data.decode("utf-8", "replace"), found
+                data = text.encode()  # the same bytes unless a redaction cut a character
+        self.add_record(item, data, text, size, sha, redacted)
+
+    def add_record(
+        self, item: Item, data: bytes, text: str, size: int, sha: bytes, redacted: dict[str, int] | None
+    ) -> None:
+        split = self.split_of(item)
+        txt_bytes, jsonl_bytes = self.encoder.add(item, data, text, size, sha, split)
+        self.result.add_record(sha, txt_bytes, jsonl_bytes, size, split, item.tree, redacted)
+
+    def split_of(self, item: Item) -> str:
+        tree = self.encoder.trees[item.tree]
+        return split_for(f"{tree.source}/{tree.repo}/{item.path}", self.threshold)
 
 
 IOV_BATCH = 512  # pieces per pwritev call, below every platform's IOV_MAX
@@ -250,7 +385,9 @@ def write_chunk(output: ChunkOutput, placement: Placement, txt_fd: int, jsonl_fd
         placement.txt_offset,
     )
     write_at(
-        jsonl_fd, [line for line, k in zip(output.jsonl, keep, strict=True) if k], placement.jsonl_offset
+        jsonl_fd,
+        [p for pieces, k in zip(output.jsonl, keep, strict=True) if k for p in pieces],
+        placement.jsonl_offset,
     )
 
 

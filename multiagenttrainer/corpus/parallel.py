@@ -9,7 +9,8 @@ straight into the output files (positioned writes: no part files, no copies) bet
 Workers are forked, so they start in milliseconds with everything already imported; they run
 only the corpus code.
 
-Messages:  parent -> worker: ("job", ChunkJob) | ("place", (index, Placement)) | ("stop", None)
+Workers are forked after every job is made, so a job travels as its index into that list.
+Messages:  parent -> worker: ("job", index) | ("place", (index, Placement)) | ("stop", None)
            worker -> parent: ("report", ChunkResult) | ("written", index) | ("error", text)
 Each message stays well under a socket buffer (chunks hold at most 1,000 files), so neither side
 blocks on a send while the other is busy sending.
@@ -20,12 +21,13 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from contextlib import suppress
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkContext
 from typing import Any
 
+from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.assemble import Assembly
 from multiagenttrainer.corpus.chunks import (
     ChunkJob,
@@ -52,17 +54,20 @@ def run_in_process(jobs: Iterable[ChunkJob], assembly: Assembly) -> Generator[Pl
         yield output.result, placement
 
 
-def worker_main(conn: Connection, txt_path: str, jsonl_path: str) -> None:
+def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl_path: str) -> None:
     """A worker's loop: process jobs and report them; write each one when its placement arrives."""
     txt_fd = os.open(txt_path, os.O_WRONLY)
     jsonl_fd = os.open(jsonl_path, os.O_WRONLY)
     unplaced: dict[int, ChunkOutput] = {}
+    native = accel.encoder()
+    if native is not None:
+        native.retain_freed_memory()
     try:
         while True:
             kind, payload = conn.recv()
             if kind == "job":
-                output = run_chunk(payload)
-                unplaced[payload.index] = output
+                output = run_chunk(jobs[payload])
+                unplaced[payload] = output
                 conn.send(("report", output.result))
             elif kind == "place":
                 index, placement = payload
@@ -83,10 +88,15 @@ def worker_main(conn: Connection, txt_path: str, jsonl_path: str) -> None:
 class Worker:
     """One forked worker process, the parent's end of its pipe, and the chunks it has not written yet."""
 
-    def __init__(self, context: ForkContext, txt_path: str, jsonl_path: str) -> None:
+    def __init__(
+        self, context: ForkContext, jobs: Sequence[ChunkJob], txt_path: str, jsonl_path: str
+    ) -> None:
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=worker_main, args=(child, txt_path, jsonl_path), name="mat-corpus-worker", daemon=True
+            target=worker_main,
+            args=(child, jobs, txt_path, jsonl_path),
+            name="mat-corpus-worker",
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -121,8 +131,11 @@ class Worker:
         self.conn.close()
 
 
-def run_in_workers(jobs: Iterable[ChunkJob], assembly: Assembly, count: int) -> Generator[Placed, None, None]:
-    """Process chunks in `count` forked workers; yield each result, placed, in corpus order."""
+def run_in_workers(jobs: Sequence[ChunkJob], assembly: Assembly, count: int) -> Generator[Placed, None, None]:
+    """Process chunks in `count` forked workers; yield each result, placed, in corpus order.
+
+    `jobs[i].index` must be i: workers receive indexes into the list they inherited.
+    """
     context = multiprocessing.get_context("fork")
     workers: list[Worker] = []
     try:
@@ -130,16 +143,16 @@ def run_in_workers(jobs: Iterable[ChunkJob], assembly: Assembly, count: int) -> 
         # that visited them would copy every page of the parent's heap into the child.
         gc.freeze()
         try:
-            workers = [Worker(context, assembly.txt_path, assembly.jsonl_path) for _ in range(count)]
+            workers = [Worker(context, jobs, assembly.txt_path, assembly.jsonl_path) for _ in range(count)]
         finally:
             gc.unfreeze()
-        yield from _coordinate(iter(jobs), workers, assembly)
+        yield from _coordinate(iter(range(len(jobs))), workers, assembly)
     finally:
         for worker in workers:
             worker.stop()
 
 
-def _coordinate(jobs: Iterator[ChunkJob], workers: list[Worker], assembly: Assembly) -> Iterator[Placed]:
+def _coordinate(jobs: Iterator[int], workers: list[Worker], assembly: Assembly) -> Iterator[Placed]:
     reports: dict[int, tuple[Worker, ChunkResult]] = {}
     next_index = 0
     more_jobs = True
@@ -151,7 +164,7 @@ def _coordinate(jobs: Iterator[ChunkJob], workers: list[Worker], assembly: Assem
                 more_jobs = job is not None
                 if job is not None:
                     worker.send("job", job)
-                    worker.outstanding.add(job.index)
+                    worker.outstanding.add(job)
         busy = [worker for worker in workers if worker.outstanding]
         if not busy:
             return

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Any
 
-from multiagenttrainer.corpus.chunks import ChunkResult, Record
+from multiagenttrainer.corpus.chunks import ChunkResult
 from multiagenttrainer.corpus.plan import CorpusPlan
 from multiagenttrainer.sources.base import Snapshot
 
@@ -77,22 +78,21 @@ class CorpusStats:
         for (tree, reason), count in result.skipped.items():
             self.skip(tree, reason, count)
         self.replaced_encoding += result.replaced_encoding
-        for record, kept in zip(result.records, keep, strict=True):
-            if kept:
-                self.add_record(record)
-            else:
-                self.skip(record.tree, "duplicate")
-
-    def add_record(self, record: Record) -> None:
-        source = self.sources[self.tree_sources[record.tree]]
-        source.files += 1
-        source.bytes += record.size
-        self.files += 1
-        self.bytes += record.size
-        self.splits[record.split]["files"] += 1
-        self.splits[record.split]["bytes"] += record.size
-        for rule, count in (record.secrets or {}).items():
-            _bump(self.secrets, rule, count)
+        columns = zip(keep, result.trees, result.sizes, result.splits, strict=True)
+        for position, (kept, tree, size, split) in enumerate(columns):
+            if not kept:
+                self.skip(tree, "duplicate")
+                continue
+            source = self.sources[self.tree_sources[tree]]
+            source.files += 1
+            source.bytes += size
+            self.splits[split]["files"] += 1
+            self.splits[split]["bytes"] += size
+            for rule, count in result.secrets.get(position, {}).items():
+                _bump(self.secrets, rule, count)
+        kept_sizes = list(compress(result.sizes, keep))
+        self.files += len(kept_sizes)
+        self.bytes += sum(kept_sizes)
 
     def summary(self, **extra: Any) -> dict[str, Any]:
         """The stats.json content; `extra` adds fingerprint, paths, sizes, timing."""

@@ -1,0 +1,672 @@
+/* multiagenttrainer.corpus._encode: the per-file hot path of the corpus build, in one pass.
+ *
+ * For a file's bytes it answers, in a single scan: is this plainly a keepable text file (valid
+ * UTF-8, no NUL in the sniffed head, no generator marker, no over-long line, enough newlines), and
+ * if so, what is its text as the body of a JSON string (escaped exactly as orjson escapes) and its
+ * git blob SHA-1. Anything unusual is not decided here: the caller falls back to the Python rules
+ * in filters.py, which stay the reference. The constants of those rules come from Python
+ * (`configure`), so they live in one place.
+ *
+ *   read_file(path, expected, limit) -> bytes       at most limit + 1 bytes; OSError on failure
+ *   encode(data, limit, skip_generated) -> (clean, escaped | None, sha | None)
+ *   escape(data) -> bytes | None                    the JSON body of valid UTF-8, else None
+ *   git_blob_sha(data) -> bytes                      SHA-1 of "blob <len>\0" + data
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* ------------------------------------------------------------------ settings from filters.py */
+
+#define MAX_MARKERS 32
+#define MAX_MARKER_LEN 64
+
+static struct {
+    Py_ssize_t binary_sniff;      /* a NUL within this many leading bytes: binary */
+    Py_ssize_t generated_sniff;   /* generator markers are looked for in this many leading bytes */
+    Py_ssize_t long_line;         /* a line longer than this: minified */
+    Py_ssize_t mean_sample;       /* files at least this long need ... */
+    Py_ssize_t mean_min_newlines; /* ... at least this many newlines in their first mean_sample bytes */
+    int markers;
+    char marker[MAX_MARKERS][MAX_MARKER_LEN];
+    Py_ssize_t marker_len[MAX_MARKERS];
+    int configured;
+} rules;
+
+static EVP_MD_CTX *sha_ctx;
+
+static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"binary_sniff", "generated_sniff", "long_line", "mean_sample",
+                            "mean_min_newlines", "markers", NULL};
+    PyObject *markers;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$nnnnnO", names, &rules.binary_sniff,
+                                     &rules.generated_sniff, &rules.long_line, &rules.mean_sample,
+                                     &rules.mean_min_newlines, &markers))
+        return NULL;
+    PyObject *seq = PySequence_Fast(markers, "markers must be a sequence of lowercase bytes");
+    if (!seq) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    if (count > MAX_MARKERS) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "at most %d markers", MAX_MARKERS);
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        char *text;
+        Py_ssize_t len;
+        if (PyBytes_AsStringAndSize(item, &text, &len) < 0 || len == 0 || len >= MAX_MARKER_LEN) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "markers: 1 to 63 bytes each");
+            return NULL;
+        }
+        memcpy(rules.marker[i], text, (size_t)len);
+        rules.marker_len[i] = len;
+    }
+    Py_DECREF(seq);
+    rules.markers = (int)count;
+    rules.configured = 1;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ reading */
+
+/* The directory of the files being read, kept open: the files of a run share few directories, and
+ * opening a name relative to its directory skips the walk down the whole path every time. */
+typedef struct {
+    int fd;
+    char path[4096];
+    size_t len;
+} OpenDir;
+
+/* A descriptor for the file at path (relative to its open directory when that can be used). */
+static int open_in(OpenDir *dir, const char *path) {
+    const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
+    const char *slash = strrchr(path, '/');
+    size_t len = slash ? (size_t)(slash - path) : 0;
+    if (!dir || !slash || len == 0 || len >= sizeof dir->path) return open(path, flags);
+    if (dir->fd < 0 || dir->len != len || memcmp(dir->path, path, len) != 0) {
+        if (dir->fd >= 0) close(dir->fd);
+        memcpy(dir->path, path, len);
+        dir->path[len] = 0;
+        dir->len = len;
+        dir->fd = open(dir->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir->fd < 0) return open(path, flags); /* reports the real error for this file */
+    }
+    return openat(dir->fd, slash + 1, flags);
+}
+
+/* At most limit + 1 bytes of the file at path_obj (a bytes path); NULL with OSError set on failure. */
+static PyObject *read_path(OpenDir *dir, PyObject *path_obj, Py_ssize_t expected, Py_ssize_t limit) {
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int fd = open_in(dir, path);
+    if (fd < 0) return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
+    /* One read of the expected size + 1 is usually all: a short read means the end of the file. */
+    Py_ssize_t capacity = (expected < 0 ? 0 : (expected < limit ? expected : limit)) + 1;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, capacity);
+    Py_ssize_t total = 0;
+    int failed = 0;
+    while (data) {
+        ssize_t got = read(fd, PyBytes_AS_STRING(data) + total, (size_t)(capacity - total));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            failed = errno;
+            break;
+        }
+        total += got;
+        if (got == 0 || total > limit) break;
+        if (total == capacity) { /* the file grew since it was listed: read on, up to limit + 1 */
+            Py_ssize_t grown = capacity * 2 < limit + 1 ? capacity * 2 : limit + 1;
+            if (_PyBytes_Resize(&data, grown) < 0) break;
+            capacity = grown;
+        }
+    }
+    close(fd);
+    if (failed) {
+        Py_XDECREF(data);
+        errno = failed;
+        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
+    }
+    if (data && _PyBytes_Resize(&data, total) < 0) return NULL;
+    return data;
+}
+
+static PyObject *read_file(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    Py_ssize_t expected, limit;
+    if (!PyArg_ParseTuple(args, "O&nn", PyUnicode_FSConverter, &path_obj, &expected, &limit)) return NULL;
+    PyObject *data = read_path(NULL, path_obj, expected, limit);
+    Py_DECREF(path_obj);
+    return data;
+}
+
+/* ------------------------------------------------------------------ SHA-1 */
+
+static int blob_sha(const char *data, Py_ssize_t len, unsigned char out[20]) {
+    char header[32];
+    int header_len = snprintf(header, sizeof header, "blob %zd", len) + 1; /* with the NUL */
+    unsigned int size = 0;
+    if (!sha_ctx && !(sha_ctx = EVP_MD_CTX_new())) return -1;
+    if (EVP_DigestInit_ex(sha_ctx, EVP_sha1(), NULL) != 1 ||
+        EVP_DigestUpdate(sha_ctx, header, (size_t)header_len) != 1 ||
+        EVP_DigestUpdate(sha_ctx, data, (size_t)len) != 1 || EVP_DigestFinal_ex(sha_ctx, out, &size) != 1)
+        return -1;
+    return 0;
+}
+
+static PyObject *git_blob_sha(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    unsigned char digest[20];
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int failed = blob_sha(view.buf, view.len, digest);
+    PyBuffer_Release(&view);
+    if (failed) return PyErr_Format(PyExc_RuntimeError, "OpenSSL SHA-1 failed");
+    return PyBytes_FromStringAndSize((const char *)digest, 20);
+}
+
+/* ------------------------------------------------------------------ content checks */
+
+static int has_generated_marker(const unsigned char *data, Py_ssize_t len) {
+    unsigned char head[4096];
+    Py_ssize_t n = len < rules.generated_sniff ? len : rules.generated_sniff;
+    if (n > (Py_ssize_t)sizeof head) n = sizeof head;
+    for (Py_ssize_t i = 0; i < n; i++) head[i] = (data[i] >= 'A' && data[i] <= 'Z') ? data[i] + 32 : data[i];
+    for (int m = 0; m < rules.markers; m++)
+        if (memmem(head, (size_t)n, rules.marker[m], (size_t)rules.marker_len[m])) return 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ JSON escaping with UTF-8 validation */
+
+/* Length of the valid UTF-8 sequence at p (lead byte >= 0x80), or 0 if invalid (RFC 3629, as Python). */
+static Py_ssize_t utf8_sequence(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    Py_ssize_t avail = end - p;
+    if (c >= 0xC2 && c <= 0xDF) return (avail >= 2 && (p[1] & 0xC0) == 0x80) ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        if (avail < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0; /* overlong */
+        if (c == 0xED && p[1] > 0x9F) return 0; /* surrogates */
+        return 3;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        if (avail < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
+        if (c == 0xF4 && p[1] > 0x8F) return 0; /* above U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+typedef struct {
+    PyObject *bytes;
+    char *out;
+    Py_ssize_t used, capacity;
+} Output;
+
+static int output_reserve(Output *o, Py_ssize_t more) {
+    if (o->used + more <= o->capacity) return 0;
+    Py_ssize_t grown = o->capacity * 2;
+    if (grown < o->used + more) grown = o->used + more;
+    if (_PyBytes_Resize(&o->bytes, grown) < 0) return -1;
+    o->capacity = grown;
+    o->out = PyBytes_AS_STRING(o->bytes);
+    return 0;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* The bytes that stop the fast copy: controls, '"', '\\', and every byte >= 0x80. */
+static inline int is_special(unsigned char c) { return c < 0x20 || c == '"' || c == '\\' || c >= 0x80; }
+
+
+/* What one escaping pass saw, for the content rules. */
+typedef struct {
+    Py_ssize_t longest_line;      /* bytes in the longest line, newline excluded */
+    Py_ssize_t first_nul;         /* offset of the first NUL byte, or -1 */
+    Py_ssize_t sample_newlines;   /* newlines within the first rules.mean_sample bytes */
+} Seen;
+
+/* How orjson writes each ASCII byte that needs escaping inside a JSON string: 8 bytes, `len` used. */
+typedef struct {
+    char text[8];
+    Py_ssize_t len;
+} Escape;
+
+static Escape ESCAPES[128];
+
+static void init_escapes(void) {
+    for (int c = 0; c < 0x20; c++) {
+        memcpy(ESCAPES[c].text, "\\u00", 4);
+        ESCAPES[c].text[4] = HEX[c >> 4];
+        ESCAPES[c].text[5] = HEX[c & 15];
+        ESCAPES[c].len = 6;
+    }
+    const char *shorts = "\"\"\\\\\nn\tt\rr\bb\ff";
+    for (int k = 0; shorts[k]; k += 2) {
+        unsigned char c = (unsigned char)shorts[k];
+        ESCAPES[c].text[0] = '\\';
+        ESCAPES[c].text[1] = shorts[k + 1];
+        ESCAPES[c].len = 2;
+    }
+}
+
+/* Escape data into a new bytes object (NULL without an error set: not valid UTF-8).
+ * Every 16-byte block is stored to the output before it is looked at (a speculative copy), so
+ * runs of plain bytes cost one load and one store per block; the output is cut back to just before
+ * the first byte that needs attention, which is then written escaped (or, for UTF-8, validated). */
+static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *seen) {
+    Output o = {NULL, NULL, 0, len + len / 8 + 64};
+    o.bytes = PyBytes_FromStringAndSize(NULL, o.capacity);
+    if (!o.bytes) return NULL;
+    o.out = PyBytes_AS_STRING(o.bytes);
+    Py_ssize_t i = 0, line_start = 0;
+    seen->longest_line = 0;
+    seen->first_nul = -1;
+    seen->sample_newlines = 0;
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+#endif
+    while (i < len) {
+        if (o.used + 72 > o.capacity && output_reserve(&o, 64) < 0) return NULL;
+        char *w = o.out + o.used;
+        Py_ssize_t k;
+#if defined(__SSE2__)
+        if (i + 16 <= len) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(data + i));
+            _mm_storeu_si128((__m128i *)w, v);
+            /* signed compare: bytes >= 0x80 are negative, so `< 0x20` catches them and the controls */
+            __m128i hit = _mm_or_si128(_mm_cmplt_epi8(v, space),
+                                       _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
+            int mask = _mm_movemask_epi8(hit);
+            if (!mask) {
+                o.used += 16;
+                i += 16;
+                continue;
+            }
+            k = __builtin_ctz((unsigned)mask);
+        } else
+#endif
+        {
+            k = 0;
+            while (i + k < len && !is_special(data[i + k])) w[k] = (char)data[i + k], k++;
+            if (i + k == len) {
+                o.used += k;
+                break;
+            }
+        }
+        o.used += k;
+        i += k;
+        w += k;
+        unsigned char c = data[i];
+        if (c >= 0x80) {
+            Py_ssize_t n = utf8_sequence(data + i, data + len);
+            if (n == 0) {
+                Py_DECREF(o.bytes);
+                return NULL;
+            }
+            memcpy(w, data + i, (size_t)n);
+            o.used += n;
+            i += n;
+            continue;
+        }
+        /* branch-free bookkeeping: newlines are most of the specials in code, mixed with quotes */
+        Py_ssize_t is_newline = c == '\n', line = i - line_start;
+        if (is_newline && line > seen->longest_line) seen->longest_line = line;
+        line_start = is_newline ? i + 1 : line_start;
+        seen->sample_newlines += is_newline & (i < rules.mean_sample);
+        if (c == 0 && seen->first_nul < 0) seen->first_nul = i;
+        memcpy(w, ESCAPES[c].text, 8);
+        o.used += ESCAPES[c].len;
+        i++;
+    }
+    if (len - line_start > seen->longest_line) seen->longest_line = len - line_start;
+    if (_PyBytes_Resize(&o.bytes, o.used) < 0) return NULL;
+    return o.bytes;
+}
+
+/* 1: none of the content rules can apply (binary, minified); 0: let the Python rules decide.
+ * The prose exemption of the mean-line rule needs the path, so those files go to Python. */
+static int plain_by_rules(const Seen *seen, Py_ssize_t len) {
+    if (seen->first_nul >= 0 && seen->first_nul < rules.binary_sniff) return 0;
+    if (seen->longest_line > rules.long_line) return 0;
+    return len < rules.mean_sample || seen->sample_newlines >= rules.mean_min_newlines;
+}
+
+static PyObject *escape(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Seen seen;
+    PyObject *escaped = escape_text(view.buf, view.len, &seen);
+    PyBuffer_Release(&view);
+    if (!escaped && !PyErr_Occurred()) Py_RETURN_NONE;
+    return escaped;
+}
+
+/* The escaped text of a plain text file (new reference), or NULL: with an error set on failure,
+ * without one when the Python rules must decide (a content rule may apply, or not UTF-8). */
+static PyObject *escape_if_plain(const unsigned char *data, Py_ssize_t len, Py_ssize_t limit, int skip_generated) {
+    Seen seen;
+    if (len == 0 || len > limit || (skip_generated && has_generated_marker(data, len))) return NULL;
+    PyObject *escaped = escape_text(data, len, &seen);
+    if (escaped && !plain_by_rules(&seen, len)) Py_CLEAR(escaped);
+    return escaped;
+}
+
+static PyObject *sha_bytes(const char *data, Py_ssize_t len) {
+    unsigned char digest[20];
+    if (blob_sha(data, len, digest) < 0) return PyErr_Format(PyExc_RuntimeError, "OpenSSL SHA-1 failed");
+    return PyBytes_FromStringAndSize((const char *)digest, 20);
+}
+
+static PyObject *encode(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t limit;
+    int skip_generated;
+    if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
+    if (!PyArg_ParseTuple(args, "y*np", &view, &limit, &skip_generated)) return NULL;
+    PyObject *result = NULL, *sha = NULL;
+    PyObject *escaped = escape_if_plain(view.buf, view.len, limit, skip_generated);
+    if (escaped) {
+        sha = sha_bytes(view.buf, view.len);
+        if (sha) result = PyTuple_Pack(3, Py_True, escaped, sha);
+    } else if (!PyErr_Occurred()) {
+        result = PyTuple_Pack(3, Py_False, Py_None, Py_None);
+    }
+    Py_XDECREF(escaped);
+    Py_XDECREF(sha);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------------------------ whole runs of files on disk */
+
+/* Everything encode_dir_items needs besides the items; borrowed references. */
+typedef struct {
+    PyObject *headers, *record_starts, *split_prefixes; /* lists of bytes, per tree */
+    PyObject *split_names;                              /* ("train", "val") */
+    unsigned long long val_threshold;
+    int all_val, skip_generated, dedupe;
+    Py_ssize_t limit;
+    PyObject *seen, *scanner, *txt, *jsonl, *skip, *fallback;
+    OpenDir dir;
+    PyObject *shas, *txt_bytes, *jsonl_bytes, *sizes, *splits, *trees;
+} Run;
+
+static PyObject *CLOSING, *NEWLINE, *DUPLICATE, *FIND_MATCHES;
+
+/* 1 for "val": the first 8 bytes of SHA-1(source/repo/ + path), big-endian, below the threshold. */
+static int is_val(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len) {
+    if (run->all_val) return 1;
+    PyObject *prefix = PyList_GET_ITEM(run->split_prefixes, tree);
+    unsigned char digest[20];
+    unsigned int size = 0;
+    if (!sha_ctx && !(sha_ctx = EVP_MD_CTX_new())) return -1;
+    if (EVP_DigestInit_ex(sha_ctx, EVP_sha1(), NULL) != 1 ||
+        EVP_DigestUpdate(sha_ctx, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix)) != 1 ||
+        EVP_DigestUpdate(sha_ctx, path, (size_t)path_len) != 1 || EVP_DigestFinal_ex(sha_ctx, digest, &size) != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-1 failed");
+        return -1;
+    }
+    unsigned long long h = 0;
+    for (int k = 0; k < 8; k++) h = (h << 8) | digest[k];
+    return h < run->val_threshold;
+}
+
+static int append_new(PyObject *list, PyObject *value) { /* steals value */
+    if (!value) return -1;
+    int failed = PyList_Append(list, value);
+    Py_DECREF(value);
+    return failed;
+}
+
+/* The corpus.jsonl fields before the text: record start, path, bytes, sha, split, `"text":"`. */
+static PyObject *record_fields(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len,
+                               Py_ssize_t size, const unsigned char *sha, int val) {
+    Seen seen;
+    PyObject *json_path = escape_text((const unsigned char *)path, path_len, &seen);
+    if (!json_path) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a corpus path is not valid UTF-8");
+        return NULL;
+    }
+    PyObject *start = PyList_GET_ITEM(run->record_starts, tree);
+    char tail[160], hex[41];
+    for (int k = 0; k < 20; k++) hex[2 * k] = HEX[sha[k] >> 4], hex[2 * k + 1] = HEX[sha[k] & 15];
+    hex[40] = 0;
+    int tail_len = snprintf(tail, sizeof tail, "\",\"bytes\":%zd,\"sha\":\"%s\",\"split\":\"%s\",\"text\":\"",
+                            size, hex, val ? "val" : "train");
+    Py_ssize_t start_len = PyBytes_GET_SIZE(start), path_json_len = PyBytes_GET_SIZE(json_path);
+    PyObject *fields = PyBytes_FromStringAndSize(NULL, start_len + 1 + path_json_len + tail_len);
+    if (fields) {
+        char *w = PyBytes_AS_STRING(fields);
+        memcpy(w, PyBytes_AS_STRING(start), (size_t)start_len);
+        w[start_len] = '"';
+        memcpy(w + start_len + 1, PyBytes_AS_STRING(json_path), (size_t)path_json_len);
+        memcpy(w + start_len + 1 + path_json_len, tail, (size_t)tail_len);
+    }
+    Py_DECREF(json_path);
+    return fields;
+}
+
+/* The header line before a file in corpus.txt. */
+static PyObject *txt_header(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len) {
+    PyObject *start = PyList_GET_ITEM(run->headers, tree);
+    Py_ssize_t start_len = PyBytes_GET_SIZE(start);
+    PyObject *header = PyBytes_FromStringAndSize(NULL, start_len + path_len + 5);
+    if (header) {
+        char *w = PyBytes_AS_STRING(header);
+        memcpy(w, PyBytes_AS_STRING(start), (size_t)start_len);
+        memcpy(w + start_len, path, (size_t)path_len);
+        memcpy(w + start_len + path_len, " ---\n", 5);
+    }
+    return header;
+}
+
+/* Append one plain file's record: corpus.txt pieces, corpus.jsonl pieces, and its columns. */
+static int add_record(const Run *run, PyObject *item, PyObject *data, PyObject *escaped, PyObject *sha) {
+    Py_ssize_t tree = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+    Py_ssize_t path_len;
+    const char *path = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(item, 1), &path_len);
+    if (!path || (tree == -1 && PyErr_Occurred())) return -1;
+    int val = is_val(run, tree, path, path_len);
+    if (val < 0) return -1;
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    PyObject *header = txt_header(run, tree, path, path_len);
+    if (!header) return -1;
+    int newline_ended = size > 0 && PyBytes_AS_STRING(data)[size - 1] == '\n';
+    Py_ssize_t txt_len = PyBytes_GET_SIZE(header) + size + !newline_ended;
+    PyObject *pieces = newline_ended ? PyTuple_Pack(2, header, data) : PyTuple_Pack(3, header, data, NEWLINE);
+    Py_DECREF(header);
+    if (append_new(run->txt, pieces) < 0) return -1;
+    PyObject *fields = record_fields(run, tree, path, path_len, size, (const unsigned char *)PyBytes_AS_STRING(sha), val);
+    if (!fields) return -1;
+    Py_ssize_t jsonl_len = PyBytes_GET_SIZE(fields) + PyBytes_GET_SIZE(escaped) + PyBytes_GET_SIZE(CLOSING);
+    PyObject *line = PyTuple_Pack(3, fields, escaped, CLOSING);
+    Py_DECREF(fields);
+    if (append_new(run->jsonl, line) < 0) return -1;
+    if (PyList_Append(run->shas, sha) < 0 || append_new(run->txt_bytes, PyLong_FromSsize_t(txt_len)) < 0 ||
+        append_new(run->jsonl_bytes, PyLong_FromSsize_t(jsonl_len)) < 0 ||
+        append_new(run->sizes, PyLong_FromSsize_t(size)) < 0 ||
+        PyList_Append(run->splits, PyTuple_GET_ITEM(run->split_names, val)) < 0 ||
+        PyList_Append(run->trees, PyTuple_GET_ITEM(item, 0)) < 0)
+        return -1;
+    return 0;
+}
+
+/* Whether the secret scanner finds any trigger in data: 1 yes, 0 no, -1 error. */
+static int has_secret_triggers(const Run *run, PyObject *data) {
+    if (run->scanner == Py_None) return 0;
+    PyObject *hits = PyObject_CallMethodOneArg(run->scanner, FIND_MATCHES, data);
+    if (!hits) return -1;
+    Py_ssize_t count = PyObject_Length(hits);
+    Py_DECREF(hits);
+    return count < 0 ? -1 : count > 0;
+}
+
+/* One file: 0 done, -1 error. */
+static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
+    PyObject *path_obj = NULL, *data = NULL, *escaped = NULL, *sha = NULL, *called = NULL;
+    int status = -1;
+    if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(item, 2), &path_obj)) return -1;
+    Py_ssize_t expected = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 3));
+    if (expected == -1 && PyErr_Occurred()) goto done;
+    data = read_path(&run->dir, path_obj, expected, run->limit);
+    if (!data) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) goto done;
+        PyErr_Clear(); /* vanished or unreadable: the Python side counts it */
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, Py_None, Py_None, Py_None, NULL);
+        status = called ? 0 : -1;
+        goto done;
+    }
+    *bytes_read += PyBytes_GET_SIZE(data);
+    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
+    escaped = escape_if_plain(bytes, PyBytes_GET_SIZE(data), run->limit, run->skip_generated);
+    if (!escaped) {
+        if (PyErr_Occurred()) goto done;
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, Py_None, Py_None, NULL);
+        status = called ? 0 : -1;
+        goto done;
+    }
+    if (!(sha = sha_bytes((const char *)bytes, PyBytes_GET_SIZE(data)))) goto done;
+    int triggers = has_secret_triggers(run, data);
+    if (triggers < 0) goto done;
+    if (triggers) { /* the Python rules look closer, redact, and encode */
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, escaped, sha, NULL);
+        status = called ? 0 : -1;
+        goto done;
+    }
+    if (run->dedupe) {
+        int duplicate = PySet_Contains(run->seen, sha);
+        if (duplicate < 0) goto done;
+        if (duplicate) {
+            called = PyObject_CallFunctionObjArgs(run->skip, PyTuple_GET_ITEM(item, 0), DUPLICATE, NULL);
+            status = called ? 0 : -1;
+            goto done;
+        }
+        if (PySet_Add(run->seen, sha) < 0) goto done;
+    }
+    status = add_record(run, item, data, escaped, sha);
+done:
+    Py_XDECREF(path_obj);
+    Py_XDECREF(data);
+    Py_XDECREF(escaped);
+    Py_XDECREF(sha);
+    Py_XDECREF(called);
+    return status;
+}
+
+static int exact_list(PyObject *value, const char *name) {
+    if (PyList_CheckExact(value)) return 0;
+    PyErr_Format(PyExc_TypeError, "%s must be a list", name);
+    return -1;
+}
+
+static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"items", "headers", "record_starts", "split_prefixes", "split_names",
+                            "val_threshold", "limit", "skip_generated", "dedupe", "seen", "scanner",
+                            "txt", "jsonl", "columns", "skip", "fallback", NULL};
+    Run run;
+    PyObject *items, *threshold, *columns;
+    if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOOOOOO", names, &items, &run.headers,
+                                     &run.record_starts, &run.split_prefixes, &run.split_names, &threshold,
+                                     &run.limit, &run.skip_generated, &run.dedupe, &run.seen, &run.scanner,
+                                     &run.txt, &run.jsonl, &columns, &run.skip, &run.fallback))
+        return NULL;
+    if (exact_list(items, "items") || exact_list(run.headers, "headers") ||
+        exact_list(run.record_starts, "record_starts") || exact_list(run.split_prefixes, "split_prefixes") ||
+        exact_list(run.txt, "txt") || exact_list(run.jsonl, "jsonl"))
+        return NULL;
+    if (!PySet_Check(run.seen)) return PyErr_Format(PyExc_TypeError, "seen must be a set");
+    if (!PyTuple_Check(run.split_names) || PyTuple_GET_SIZE(run.split_names) != 2)
+        return PyErr_Format(PyExc_TypeError, "split_names must be (train, val)");
+    if (!PyArg_ParseTuple(columns, "O!O!O!O!O!O!", &PyList_Type, &run.shas, &PyList_Type, &run.txt_bytes,
+                          &PyList_Type, &run.jsonl_bytes, &PyList_Type, &run.sizes, &PyList_Type, &run.splits,
+                          &PyList_Type, &run.trees))
+        return NULL;
+    /* the threshold may be 2**64 (every file in val) */
+    int overflow = 0;
+    run.val_threshold = PyLong_AsUnsignedLongLong(threshold);
+    if (run.val_threshold == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+        PyErr_Clear();
+        overflow = 1;
+    }
+    run.all_val = overflow;
+    Py_ssize_t bytes_read = 0;
+    int failed = 0;
+    run.dir.fd = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && !failed; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 4) {
+            PyErr_Format(PyExc_TypeError, "items must be (tree, path, ref, size) tuples");
+            failed = 1;
+            break;
+        }
+        Py_INCREF(item);
+        failed = encode_dir_item(&run, item, &bytes_read) < 0;
+        Py_DECREF(item);
+    }
+    if (run.dir.fd >= 0) close(run.dir.fd);
+    return failed ? NULL : PyLong_FromSsize_t(bytes_read);
+}
+
+/* ------------------------------------------------------------------ memory */
+
+/* A corpus worker allocates and frees about a chunk of file bytes at a time. glibc hands freed
+ * memory at the top of the heap back to the kernel (and serves big blocks with fresh mappings),
+ * so every chunk would fault its pages in again, which costs more than reading the files. */
+static PyObject *retain_freed_memory(PyObject *self, PyObject *unused) {
+#if defined(__GLIBC__)
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "Set the content-rule constants (keyword-only; from filters.py)."},
+    {"read_file", read_file, METH_VARARGS, "read_file(path, expected, limit) -> at most limit + 1 bytes"},
+    {"encode", encode, METH_VARARGS,
+     "encode(data, limit, skip_generated) -> (clean, escaped JSON body or None, git blob SHA-1 or None)"},
+    {"escape", escape, METH_O, "escape(data) -> the JSON string body of valid UTF-8 data, or None"},
+    {"encode_dir_items", (PyCFunction)(void (*)(void))encode_dir_items, METH_VARARGS | METH_KEYWORDS,
+     "Encode a run of files on disk into corpus pieces (keyword-only; see chunks.py); returns bytes read."},
+    {"retain_freed_memory", retain_freed_memory, METH_NOARGS,
+     "Keep freed memory in this process (glibc): for short-lived worker processes."},
+    {"git_blob_sha", git_blob_sha, METH_O, "git_blob_sha(data) -> the 20-byte SHA-1 git gives data as a blob"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_encode",
+                                    "Native per-file hot path of the corpus build.", -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__encode(void) {
+    init_escapes();
+    CLOSING = PyBytes_FromString("\"}\n");
+    NEWLINE = PyBytes_FromString("\n");
+    DUPLICATE = PyUnicode_InternFromString("duplicate");
+    FIND_MATCHES = PyUnicode_InternFromString("find_matches_as_indexes");
+    if (!CLOSING || !NEWLINE || !DUPLICATE || !FIND_MATCHES) return NULL;
+    return PyModule_Create(&module);
+}

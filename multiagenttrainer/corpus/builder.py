@@ -11,12 +11,13 @@ corpus bytes (chunks.py, parallel.py) and write where this process places them, 
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,29 +64,43 @@ def build_corpus(
         progress.corpus_finished(True)
         return previous
     started = time.perf_counter()
-    plan = plan_corpus(snapshots, options)
-    progress.corpus_started(len(plan.items))
-    stats = CorpusStats(plan, snapshots)
-    processes = choose_workers(plan, workers)
-    with Assembly(paths, options.dedupe) as assembly:
-        jobs = list(make_jobs(plan, options, chunk_bytes))
-        run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
-        with closing(run) as placed:  # on any error, workers stop before the work directory goes
-            for result, placement in placed:
-                stats.add_chunk(result, placement.keep)
-                progress.corpus_advanced(result.files, result.bytes_read)
-        summary = stats.summary(
-            fingerprint=fingerprint,
-            format=CORPUS_FORMAT,
-            paths=paths.as_dict(),
-            output_bytes=dict(assembly.sizes),
-            workers=processes,
-            native=accel.encoder() is not None,
-            build_seconds=round(time.perf_counter() - started, 3),
-        )
-        assembly.commit(summary)
-    progress.corpus_finished(False)
-    return summary
+    with garbage_collection_paused():
+        plan = plan_corpus(snapshots, options)
+        progress.corpus_started(len(plan.items))
+        stats = CorpusStats(plan, snapshots)
+        processes = choose_workers(plan, workers)
+        with Assembly(paths, options.dedupe) as assembly:
+            jobs = list(make_jobs(plan, options, chunk_bytes))
+            run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
+            with closing(run) as placed:  # on any error, workers stop before the work directory goes
+                for result, placement in placed:
+                    stats.add_chunk(result, placement.keep)
+                    progress.corpus_advanced(result.files, result.bytes_read)
+            summary = stats.summary(
+                fingerprint=fingerprint,
+                format=CORPUS_FORMAT,
+                paths=paths.as_dict(),
+                output_bytes=dict(assembly.sizes),
+                workers=processes,
+                native=accel.encoder() is not None,
+                build_seconds=round(time.perf_counter() - started, 3),
+            )
+            assembly.commit(summary)
+        progress.corpus_finished(False)
+        return summary
+
+
+@contextmanager
+def garbage_collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the build makes its many small objects (and in the workers
+    forked meanwhile): none of them form cycles, and a collection would visit them all, over and over."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def corpus_fingerprint(snapshots: list[Snapshot], options: CorpusConfig, paths: CorpusPaths) -> str:

@@ -11,7 +11,9 @@ only the corpus code.
 
 Workers are forked after every job is made, so a job travels as its index into that list.
 Messages:  parent -> worker: ("job", index) | ("place", (index, Placement)) | ("stop", None)
-           worker -> parent: ("report", ChunkResult) | ("written", index) | ("error", text)
+           worker -> parent: ("report", ChunkResult) | ("done", None) | ("error", text)
+Writes are not acknowledged one by one (each message wakes the other process, which costs real
+time on a busy machine): after the last placement the parent sends "stop" and waits for "done".
 Each message stays well under a socket buffer (chunks hold at most 1,000 files), so neither side
 blocks on a send while the other is busy sending.
 """
@@ -72,8 +74,8 @@ def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl
             elif kind == "place":
                 index, placement = payload
                 write_chunk(unplaced.pop(index), placement, txt_fd, jsonl_fd)
-                conn.send(("written", index))
-            else:
+            else:  # "stop": every placement sent before it is written by now
+                conn.send(("done", None))
                 return
     except (EOFError, KeyboardInterrupt):
         return  # the parent went away or is being interrupted
@@ -86,7 +88,7 @@ def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl
 
 
 class Worker:
-    """One forked worker process, the parent's end of its pipe, and the chunks it has not written yet."""
+    """One forked worker process, the parent's end of its pipe, and the jobs it has not reported yet."""
 
     def __init__(
         self, context: ForkContext, jobs: Sequence[ChunkJob], txt_path: str, jsonl_path: str
@@ -121,6 +123,16 @@ class Worker:
             "retry, or build in one process (workers=0)"
         )
 
+    def finish(self) -> None:
+        """Ask the worker to stop after its pending writes, and wait until it has done them."""
+        self.send("stop", None)
+        while True:
+            ready = wait([self.conn], timeout=LIVENESS_CHECK_S)
+            if ready and self.receive()[0] == "done":
+                return
+            if not ready and not self.process.is_alive():
+                raise CorpusError(self.death_notice())
+
     def stop(self) -> None:
         with suppress(OSError, ValueError):
             self.send("stop", None)
@@ -147,6 +159,8 @@ def run_in_workers(jobs: Sequence[ChunkJob], assembly: Assembly, count: int) -> 
         finally:
             gc.unfreeze()
         yield from _coordinate(iter(range(len(jobs))), workers, assembly)
+        for worker in workers:  # the outputs are complete once every worker has written its chunks
+            worker.finish()
     finally:
         for worker in workers:
             worker.stop()
@@ -158,7 +172,7 @@ def _coordinate(jobs: Iterator[int], workers: list[Worker], assembly: Assembly) 
     more_jobs = True
     while True:
         for worker in workers:
-            # A second job waits in the pipe, so a worker never idles while its last chunk awaits placement.
+            # A second job waits in the pipe, so a worker never idles while the parent places its last one.
             while more_jobs and len(worker.outstanding) < JOBS_PER_WORKER:
                 job = next(jobs, None)
                 more_jobs = job is not None
@@ -169,11 +183,9 @@ def _coordinate(jobs: Iterator[int], workers: list[Worker], assembly: Assembly) 
         if not busy:
             return
         for worker in _ready(busy):
-            kind, payload = worker.receive()
-            if kind == "report":
-                reports[payload.index] = (worker, payload)
-            else:  # "written"
-                worker.outstanding.discard(payload)
+            _, result = worker.receive()  # a report: the chunk is processed and waits for its placement
+            reports[result.index] = (worker, result)
+            worker.outstanding.discard(result.index)
         while next_index in reports:
             owner, result = reports.pop(next_index)
             placement = assembly.place(result)

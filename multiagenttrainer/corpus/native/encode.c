@@ -482,6 +482,10 @@ static int add_record(const Run *run, PyObject *item, PyObject *data, PyObject *
     Py_ssize_t path_len;
     const char *path = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(item, 1), &path_len);
     if (!path || (tree == -1 && PyErr_Occurred())) return -1;
+    if (tree < 0 || tree >= PyList_GET_SIZE(run->headers)) {
+        PyErr_Format(PyExc_IndexError, "item names tree %zd, but there are %zd", tree, PyList_GET_SIZE(run->headers));
+        return -1;
+    }
     int val = is_val(run, tree, path, path_len);
     if (val < 0) return -1;
     Py_ssize_t size = PyBytes_GET_SIZE(data);
@@ -591,6 +595,9 @@ static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwar
         exact_list(run.record_starts, "record_starts") || exact_list(run.split_prefixes, "split_prefixes") ||
         exact_list(run.txt, "txt") || exact_list(run.jsonl, "jsonl"))
         return NULL;
+    if (PyList_GET_SIZE(run.record_starts) != PyList_GET_SIZE(run.headers) ||
+        PyList_GET_SIZE(run.split_prefixes) != PyList_GET_SIZE(run.headers))
+        return PyErr_Format(PyExc_ValueError, "headers, record_starts and split_prefixes: one per tree");
     if (!PySet_Check(run.seen)) return PyErr_Format(PyExc_TypeError, "seen must be a set");
     if (!PyTuple_Check(run.split_names) || PyTuple_GET_SIZE(run.split_names) != 2)
         return PyErr_Format(PyExc_TypeError, "split_names must be (train, val)");

@@ -122,7 +122,7 @@ def fetch_all(plan: IngestPlan, ledger: SourceLedger) -> None:
     names: dict[PrefectFuture[Any], str] = {}
     for job in plan.jobs:
         ledger.progress.source_started(job.name)
-        names[resolve_source.submit(job.config, job.name, plan.github)] = job.name
+        names[resolve_source.submit(job.config, job.name, plan.github, plan.staging)] = job.name
     jobs = {job.name: job for job in plan.jobs}
     fetches: dict[PrefectFuture[Any], str] = {}
     for future in as_completed(list(names)):

@@ -6,6 +6,7 @@ is built from the sources that succeeded.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,12 @@ from multiagenttrainer.sources import Snapshot, Source, SourceContext, make_sour
 log = logging.getLogger(__name__)
 
 FETCH_WORKERS = 4  # clones are network-bound; a few at once
+LISTINGS_DIR = ".listings"  # under the staging directory: local_repo's listing snapshots
+
+
+def listings_dir(staging: Path) -> Path:
+    """Where local sources keep the listing snapshots that let an unchanged tree skip its walk."""
+    return Path(staging) / LISTINGS_DIR
 
 
 @dataclass
@@ -67,9 +74,12 @@ class Ingester:
         corpus: CorpusConfig | None = None,
         context: SourceContext | None = None,
     ) -> None:
-        self.context = context or SourceContext(github=github or GithubConfig())
-        self.sources = make_sources(list(sources), self.context)
         self.staging = Path(staging)
+        context = context or SourceContext(github=github or GithubConfig())
+        if context.cache_dir is None:
+            context = dataclasses.replace(context, cache_dir=listings_dir(self.staging))
+        self.context = context
+        self.sources = make_sources(list(sources), self.context)
         self.corpus_options = corpus or CorpusConfig()
         self.result = IngestResult()
 

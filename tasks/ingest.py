@@ -162,11 +162,14 @@ def retry_if_transient(task: Any, task_run: Any, state: State[Any]) -> bool:
 # --------------------------------------------------------------------------- tasks
 
 
-def source_from_config(source_cfg: Mapping[str, Any], name: str, github: Mapping[str, Any]) -> Source:
+def source_from_config(
+    source_cfg: Mapping[str, Any], name: str, github: Mapping[str, Any], staging: str | None = None
+) -> Source:
     """Re-create a source adapter from its JSON config; a missing token may come from a Secret block."""
     cfg = _SOURCE_CONFIG.validate_python(dict(source_cfg))
     env = environment_with_secrets([getattr(cfg, "token_env", None)])
-    return make_source(cfg, name, SourceContext(github=GithubConfig(**github), env=env))
+    cache_dir = library.listings_dir(Path(staging)) if staging else None
+    return make_source(cfg, name, SourceContext(github=GithubConfig(**github), env=env, cache_dir=cache_dir))
 
 
 @task(
@@ -177,9 +180,12 @@ def source_from_config(source_cfg: Mapping[str, Any], name: str, github: Mapping
     retry_condition_fn=retry_if_transient,
     persist_result=False,
 )
-def resolve_source(source_cfg: dict[str, Any], name: str, github: dict[str, Any]) -> str | None:
-    """What the source would fetch now (a commit SHA), or None when it cannot tell cheaply."""
-    return source_from_config(source_cfg, name, github).resolve()
+def resolve_source(
+    source_cfg: dict[str, Any], name: str, github: dict[str, Any], staging: str | None = None
+) -> str | None:
+    """What the source would fetch now (a commit SHA, a directory's fingerprint), or None when it
+    cannot tell cheaply."""
+    return source_from_config(source_cfg, name, github, staging).resolve()
 
 
 @task(
@@ -195,7 +201,7 @@ def fetch_source(
     source_cfg: dict[str, Any], name: str, github: dict[str, Any], staging: str, version: str | None
 ) -> dict[str, Any]:
     """Fetch one source into its staging directory and return its snapshot as a dict."""
-    source = source_from_config(source_cfg, name, github)
+    source = source_from_config(source_cfg, name, github, staging)
     return library.fetch_source(source, Path(staging)).to_dict()
 
 

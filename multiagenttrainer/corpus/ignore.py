@@ -43,6 +43,22 @@ class IgnoreFile:
         with open(path, "rb") as handle:
             return cls(list(read_ignore_patterns(handle)), str(path))
 
+    def git_rules(self) -> list[tuple[bytes, bool, bool]]:
+        """The patterns as git's matcher takes them: (body, negated, dir_only), for the native walk.
+
+        The body is the line without its `!` and without one trailing `/` (a leading `\\!` or `\\#`
+        stays: the matcher reads the backslash as an escape, as git does). Patterns that can never
+        match (`!`, `/`) are left out.
+        """
+        rules = []
+        for pattern in self.patterns:
+            if pattern.is_empty:
+                continue
+            body = pattern.pattern[1:] if not pattern.is_exclude else pattern.pattern
+            dir_only = body.endswith(b"/")
+            rules.append((body[:-1] if dir_only else body, not pattern.is_exclude, dir_only))
+        return rules
+
     def decide(self, rel: bytes, is_dir: bool) -> bool | None:
         """True: the last matching pattern ignores `rel`; False: it re-includes it; None: none matches."""
         if not is_dir and self._file_regex is not None:

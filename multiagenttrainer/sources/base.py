@@ -76,6 +76,8 @@ class SourceContext:
     github: GithubConfig = field(default_factory=GithubConfig)
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     timeout_s: float = 30.0
+    # Where sources may keep what lets the next run skip work (local_repo's listing snapshots); None: nowhere.
+    cache_dir: Path | None = None
 
     def secret(self, variable: str | None) -> str | None:
         """The value of an environment variable holding a token, or None when unset or empty."""

@@ -2,7 +2,9 @@
 
 Nothing is copied. The version is a fingerprint of (path, size, mtime) of every file the corpus
 walk would read (the same .gitignore rules, include/exclude globs and pruning), plus the HEAD
-commit in a work tree, so any edit, add, delete or commit changes it.
+commit in a work tree, so any edit, add, delete or commit changes it. With a cache directory in
+the context (the Ingester gives `<staging>/listings`), an unchanged tree is fingerprinted from the
+last walk's snapshot, by stat-ing what it recorded, without walking again.
 
 The configured directory is the top of the walk: .gitignore files in it and below it apply,
 and `.git/info/exclude` when it is the top of a work tree; ignore files above it do not (so
@@ -20,7 +22,7 @@ from dulwich.repo import Repo
 
 from multiagenttrainer.config import LocalRepoSource, expand_path
 from multiagenttrainer.corpus.ignore import PathSelector
-from multiagenttrainer.corpus.walk import list_directory
+from multiagenttrainer.corpus.walk import directory_fingerprint
 from multiagenttrainer.errors import SourceError
 from multiagenttrainer.sources.base import Snapshot, SourceContext, SourceInfo, Tree
 
@@ -57,6 +59,7 @@ class LocalRepo:
         self.name = name
         self.path = expand_path(cfg.path).absolute()
         self.selector = PathSelector.from_lists([cfg.include], [cfg.exclude])
+        self.cache_dir = ctx.cache_dir  # listing snapshots: an unchanged tree is fingerprinted without a walk
 
     def describe(self) -> SourceInfo:
         """Location is the absolute path; branch is the checked-out branch of a work tree."""
@@ -84,7 +87,8 @@ class LocalRepo:
     def _fingerprint(self, commit: str | None) -> str:
         self._require_directory()
         try:
-            return list_directory(self.path, self.selector, salt=f"local_repo:{commit or ''}").fingerprint
+            salt = f"local_repo:{commit or ''}"
+            return directory_fingerprint(self.path, self.selector, salt, self.cache_dir)
         except OSError as exc:
             raise SourceError(self.name, f"cannot read {exc.filename or self.path}: {exc.strerror}") from exc
 

@@ -25,7 +25,7 @@ from dulwich.repo import Repo
 from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.filters import content_skip_reason, decode_text
 from multiagenttrainer.corpus.plan import Item, TreeInfo
-from multiagenttrainer.corpus.secrets import SCANNER, redact_secrets
+from multiagenttrainer.corpus.secrets import SCANNER, TRIGGER_REQUIRES, Hits, redact_secrets
 
 
 @dataclass(frozen=True)
@@ -277,6 +277,7 @@ class ItemProcessor:
             dedupe=self.settings.dedupe,
             seen=self.seen,
             scanner=SCANNER if self.settings.redact else None,
+            trigger_requires=TRIGGER_REQUIRES,
             txt=self.encoder.output.txt,
             jsonl=self.encoder.output.jsonl,
             columns=(
@@ -286,14 +287,17 @@ class ItemProcessor:
             fallback=self.take_back,
         )
 
-    def take_back(self, item: Item, data: bytes | None, escaped: bytes | None, sha: bytes | None) -> None:
-        """A file the native encoder hands back: unreadable, for the content rules, or with secret hits."""
+    def take_back(
+        self, item: Item, data: bytes | None, escaped: bytes | None, sha: bytes | None, hits: Hits | None
+    ) -> None:
+        """A file the native encoder hands back: unreadable, for the content rules, or (deduplicated
+        already) with hits of the secret scanner to look at."""
         if data is None:
             self.result.skip(item.tree, "unreadable")
         elif escaped is None or sha is None:
             self.process_by_rules(item, data, None)
         else:
-            self.keep_plain(item, data, escaped, sha)
+            self.encode_plain(item, data, escaped, sha, hits)
 
     def process(self, item: Item, load: Loader) -> None:
         """One file: the native encoder takes plain text files, the Python rules everything else."""
@@ -315,14 +319,19 @@ class ItemProcessor:
 
     def keep_plain(self, item: Item, data: bytes, escaped: bytes, sha: bytes) -> None:
         """A valid UTF-8 text file no content rule applies to, already escaped for JSON."""
-        if self.settings.dedupe and sha in self.seen:
-            self.result.skip(item.tree, "duplicate")
-            return
-        self.seen.add(sha)
+        if self.settings.dedupe:
+            if sha in self.seen:
+                self.result.skip(item.tree, "duplicate")
+                return
+            self.seen.add(sha)
+        self.encode_plain(item, data, escaped, sha, None)
+
+    def encode_plain(self, item: Item, data: bytes, escaped: bytes, sha: bytes, hits: Hits | None) -> None:
+        """keep_plain after the dedupe; `hits`: the secret scanner's, when the caller ran it already."""
         size = len(data)
         redacted = None
         if self.settings.redact:
-            data, found = redact_secrets(data)
+            data, found = redact_secrets(data, hits)
             if found:
                 redacted = found
                 rescaped = self.native.escape(data) if self.native is not None else None

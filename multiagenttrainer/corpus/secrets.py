@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from ahocorasick_rs import MATCHKIND_LEFTMOST_LONGEST, BytesAhoCorasick
 
 Span = tuple[int, int, str]  # start, end, rule name
+Hits = list[tuple[int, int, int]]  # (trigger, start, end) as SCANNER.find_matches_as_indexes gives them
 SeenNames = set[tuple[int, str]]  # (name start, rule name) already looked at
 Collector = Callable[["Rule", bytes, int, int, list[Span], SeenNames], None]
 
@@ -103,6 +104,7 @@ class Rule:
     collect: Collector
     offset: int = 0  # token rules: where the token starts relative to the trigger
     word_start: bool = True  # token rules: the token may not continue a longer word
+    requires: bytes = b""  # a byte every match contains: in a file without it, hits are not looked at
     marker: bytes = field(init=False)
 
     def __post_init__(self) -> None:
@@ -278,6 +280,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(rb"""://[^\s:/?#@"'`<>\\]{1,256}:(?P<secret>[^\s/?#@"'`<>\\]{1,256})@"""),
         collect_token,
         word_start=False,
+        requires=b"@",  # URLs are everywhere in code and docs; ones with credentials are rare
     ),
     Rule(
         "aws-secret-key",
@@ -327,9 +330,33 @@ def _build_scanner() -> tuple[BytesAhoCorasick, list[tuple[Rule, ...]]]:
 SCANNER, TRIGGER_RULES = _build_scanner()
 
 
-def redact_secrets(data: bytes) -> tuple[bytes, dict[str, int]]:
-    """The data with every secret value replaced by `<REDACTED:rule>`, and how many per rule."""
-    hits = SCANNER.find_matches_as_indexes(data)
+def _required_byte(rules: tuple[Rule, ...]) -> int:
+    """The byte (as an int) every rule of a trigger requires in the file, or -1 when there is none."""
+    needs = {rule.requires for rule in rules}
+    return needs.pop()[0] if len(needs) == 1 and b"" not in needs else -1
+
+
+# Per trigger: the byte its rules need somewhere in the file, or -1 (the native encoder reads this too).
+TRIGGER_REQUIRES = tuple(_required_byte(rules) for rules in TRIGGER_RULES)
+REQUIRED_BYTES = frozenset(required for required in TRIGGER_REQUIRES if required >= 0)
+
+
+def relevant_hits(data: bytes, hits: Hits) -> Hits:
+    """The hits whose rules could match in this file (e.g. no URL credentials in a file without `@`)."""
+    missing = {byte for byte in REQUIRED_BYTES if data.find(byte) < 0}
+    if not missing:
+        return hits
+    return [hit for hit in hits if TRIGGER_REQUIRES[hit[0]] not in missing]
+
+
+def redact_secrets(data: bytes, hits: Hits | None = None) -> tuple[bytes, dict[str, int]]:
+    """The data with every secret value replaced by `<REDACTED:rule>`, and how many per rule.
+
+    `hits`: SCANNER's matches in data, when the caller has them already.
+    """
+    if hits is None:
+        hits = SCANNER.find_matches_as_indexes(data)
+    hits = relevant_hits(data, hits) if hits else hits
     if not hits:
         return data, {}
     spans: list[Span] = []

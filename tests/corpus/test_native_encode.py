@@ -132,6 +132,9 @@ TRICKY_FILES: dict[str, str | bytes] = {
     "config/settings.py": 'AWS_ACCESS_KEY_ID = "AKIAIOSFODNN7ABCDEFG"\npassword = "hunter2-real-secret"\n',
     "config/token.env": "GITHUB_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789\n",
     "config/clean.py": "token = get_token()\nsecret_name = 'prod/db'\n",
+    "config/db.yaml": "url: postgres://admin:s3cr3tPass9@db.internal/app\n",
+    "docs/links.md": "See https://example.com/a and https://example.org/b, or mail me@example.com.\n",
+    "docs/more_links.md": "See https://example.com/a and git://example.org/b.git\n",
     "big/huge.txt": "y = 1\n" * 2000,
 }
 
@@ -180,9 +183,16 @@ def test_corpus_is_byte_identical_with_and_without_the_native_encoder(
         "undecodable": 1,
     }
     assert stats["replaced_encoding"] == 1
-    assert stats["secrets_by_rule"] == {"aws-access-key": 1, "github-token": 1, "secret-assignment": 1}
+    assert stats["secrets_by_rule"] == {
+        "aws-access-key": 1,
+        "github-token": 1,
+        "secret-assignment": 1,
+        "url-credentials": 1,
+    }
     text = (with_native / "corpus.txt").read_text()
     assert "AKIAIOSFODNN7ABCDEFG" not in text and "hunter2-real-secret" not in text and "ghp_" not in text
+    assert "s3cr3tPass9" not in text and "postgres://admin:<REDACTED:url-credentials>@db.internal" in text
+    assert "https://example.com/a and https://example.org/b, or mail me@example.com." in text
     assert "path: docs/paragraph.md" in text  # prose keeps its long lines
 
 

@@ -402,7 +402,7 @@ typedef struct {
     unsigned long long val_threshold;
     int all_val, skip_generated, dedupe;
     Py_ssize_t limit;
-    PyObject *seen, *scanner, *txt, *jsonl, *skip, *fallback;
+    PyObject *seen, *scanner, *trigger_requires, *txt, *jsonl, *skip, *fallback;
     OpenDir dir;
     PyObject *shas, *txt_bytes, *jsonl_bytes, *sizes, *splits, *trees;
 } Run;
@@ -511,19 +511,47 @@ static int add_record(const Run *run, PyObject *item, PyObject *data, PyObject *
     return 0;
 }
 
-/* Whether the secret scanner finds any trigger in data: 1 yes, 0 no, -1 error. */
-static int has_secret_triggers(const Run *run, PyObject *data) {
-    if (run->scanner == Py_None) return 0;
+/* Whether any hit's rules could match in data: a trigger whose rules need a byte the file does not
+ * have (secrets.TRIGGER_REQUIRES: URL credentials need `@`) is no reason to look closer. */
+static int any_relevant_hit(const Run *run, PyObject *hits, PyObject *data) {
+    signed char present[256];
+    memset(present, -1, sizeof present); /* -1: not looked for yet */
+    Py_ssize_t count = PyList_GET_SIZE(hits), known = PyTuple_GET_SIZE(run->trigger_requires);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *hit = PyList_GET_ITEM(hits, i);
+        if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < 1) return 1;
+        Py_ssize_t trigger = PyLong_AsSsize_t(PyTuple_GET_ITEM(hit, 0));
+        if (trigger < 0 || trigger >= known) {
+            PyErr_Clear();
+            return 1;
+        }
+        long required = PyLong_AsLong(PyTuple_GET_ITEM(run->trigger_requires, trigger));
+        if (required < 0 || required > 255) return 1;
+        if (present[required] < 0)
+            present[required] = memchr(PyBytes_AS_STRING(data), (int)required, (size_t)PyBytes_GET_SIZE(data)) != NULL;
+        if (present[required]) return 1;
+    }
+    return 0;
+}
+
+/* The secret scanner's hits in data (a new reference; NULL with an error set), or Py_None (new
+ * reference too) when there are none worth a closer look, or redaction is off. */
+static PyObject *secret_triggers(const Run *run, PyObject *data) {
+    if (run->scanner == Py_None) Py_RETURN_NONE;
     PyObject *hits = PyObject_CallMethodOneArg(run->scanner, FIND_MATCHES, data);
-    if (!hits) return -1;
-    Py_ssize_t count = PyObject_Length(hits);
+    if (!hits) return NULL;
+    if (!PyList_Check(hits)) {
+        Py_DECREF(hits);
+        return PyErr_Format(PyExc_TypeError, "the secret scanner must return a list");
+    }
+    if (PyList_GET_SIZE(hits) > 0 && any_relevant_hit(run, hits, data)) return hits;
     Py_DECREF(hits);
-    return count < 0 ? -1 : count > 0;
+    Py_RETURN_NONE;
 }
 
 /* One file: 0 done, -1 error. */
 static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
-    PyObject *path_obj = NULL, *data = NULL, *escaped = NULL, *sha = NULL, *called = NULL;
+    PyObject *path_obj = NULL, *data = NULL, *escaped = NULL, *sha = NULL, *hits = NULL, *called = NULL;
     int status = -1;
     if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(item, 2), &path_obj)) return -1;
     Py_ssize_t expected = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 3));
@@ -532,7 +560,7 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
     if (!data) {
         if (!PyErr_ExceptionMatches(PyExc_OSError)) goto done;
         PyErr_Clear(); /* vanished or unreadable: the Python side counts it */
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, Py_None, Py_None, Py_None, NULL);
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, Py_None, Py_None, Py_None, Py_None, NULL);
         status = called ? 0 : -1;
         goto done;
     }
@@ -541,18 +569,11 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
     escaped = escape_if_plain(bytes, PyBytes_GET_SIZE(data), run->limit, run->skip_generated);
     if (!escaped) {
         if (PyErr_Occurred()) goto done;
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, Py_None, Py_None, NULL);
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, Py_None, Py_None, Py_None, NULL);
         status = called ? 0 : -1;
         goto done;
     }
     if (!(sha = sha_bytes((const char *)bytes, PyBytes_GET_SIZE(data)))) goto done;
-    int triggers = has_secret_triggers(run, data);
-    if (triggers < 0) goto done;
-    if (triggers) { /* the Python rules look closer, redact, and encode */
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, escaped, sha, NULL);
-        status = called ? 0 : -1;
-        goto done;
-    }
     if (run->dedupe) {
         int duplicate = PySet_Contains(run->seen, sha);
         if (duplicate < 0) goto done;
@@ -563,12 +584,19 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
         }
         if (PySet_Add(run->seen, sha) < 0) goto done;
     }
+    if (!(hits = secret_triggers(run, data))) goto done;
+    if (hits != Py_None) { /* the Python rules look closer at each hit, redact, and encode */
+        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, escaped, sha, hits, NULL);
+        status = called ? 0 : -1;
+        goto done;
+    }
     status = add_record(run, item, data, escaped, sha);
 done:
     Py_XDECREF(path_obj);
     Py_XDECREF(data);
     Py_XDECREF(escaped);
     Py_XDECREF(sha);
+    Py_XDECREF(hits);
     Py_XDECREF(called);
     return status;
 }
@@ -582,14 +610,15 @@ static int exact_list(PyObject *value, const char *name) {
 static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"items", "headers", "record_starts", "split_prefixes", "split_names",
                             "val_threshold", "limit", "skip_generated", "dedupe", "seen", "scanner",
-                            "txt", "jsonl", "columns", "skip", "fallback", NULL};
+                            "trigger_requires", "txt", "jsonl", "columns", "skip", "fallback", NULL};
     Run run;
     PyObject *items, *threshold, *columns;
     if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOOOOOO", names, &items, &run.headers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!OOOOO", names, &items, &run.headers,
                                      &run.record_starts, &run.split_prefixes, &run.split_names, &threshold,
                                      &run.limit, &run.skip_generated, &run.dedupe, &run.seen, &run.scanner,
-                                     &run.txt, &run.jsonl, &columns, &run.skip, &run.fallback))
+                                     &PyTuple_Type, &run.trigger_requires, &run.txt, &run.jsonl, &columns,
+                                     &run.skip, &run.fallback))
         return NULL;
     if (exact_list(items, "items") || exact_list(run.headers, "headers") ||
         exact_list(run.record_starts, "record_starts") || exact_list(run.split_prefixes, "split_prefixes") ||

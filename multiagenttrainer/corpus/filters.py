@@ -162,10 +162,16 @@ def path_skip_reason(path: str, skip_vendored: bool, skip_generated: bool) -> st
     return name_skip_reason(name, skip_generated)
 
 
+# Both name patterns in one: most names match neither, and one search says so.
+NAME_RULES = re.compile(f"(?P<generated>{GENERATED_NAME.pattern})|(?P<minified>{MINIFIED_NAME.pattern})")
+
+
 def name_skip_reason(name: str, skip_generated: bool) -> str | None:
     """Why a file is left out judging by its name: lock files, generated code, minified assets."""
     if name in LOCK_FILES:
         return "lock_file"
+    if NAME_RULES.search(name) is None:
+        return None
     if skip_generated and GENERATED_NAME.search(name):
         return "generated"
     if MINIFIED_NAME.search(name):

@@ -9,8 +9,11 @@ generated and minified names, sizes known from the walk) decide what is left out
 from __future__ import annotations
 
 import stat
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,7 +26,7 @@ from dulwich.repo import Repo
 from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus.filters import name_skip_reason, path_skip_reason, pruned_dir_reason
 from multiagenttrainer.corpus.ignore import PathSelector
-from multiagenttrainer.corpus.walk import list_directory, recent_listing, replay_files
+from multiagenttrainer.corpus.walk import DirListing, list_directory, recent_listing, replay_files
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.sources.base import Snapshot
 from multiagenttrainer.sources.base import Tree as SourceTree
@@ -79,20 +82,18 @@ class CorpusPlan:
     skips: list[Skips] = field(default_factory=list)  # per tree
 
     def planned_bytes(self) -> int:
-        return sum(item.size if item.size >= 0 else GIT_BLOB_ESTIMATE for item in self.items)
+        return sum(GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), self.items))
 
     def chunks(self, max_bytes: int = CHUNK_BYTES, max_files: int = CHUNK_FILES) -> Iterator[list[Item]]:
-        """Consecutive runs of items of about max_bytes each."""
-        chunk: list[Item] = []
-        size = 0
-        for item in self.items:
-            chunk.append(item)
-            size += item.size if item.size >= 0 else GIT_BLOB_ESTIMATE
-            if size >= max_bytes or len(chunk) >= max_files:
-                yield chunk
-                chunk, size = [], 0
-        if chunk:
-            yield chunk
+        """Consecutive runs of items of about max_bytes each (a run ends with the item that reaches it)."""
+        items = self.items
+        sizes = [GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), items)]
+        ends = list(accumulate(sizes))  # ends[i]: bytes of items[0..i]
+        start, base = 0, 0
+        while start < len(items):
+            stop = min(bisect_left(ends, base + max_bytes, lo=start) + 1, start + max_files, len(items))
+            yield items[start:stop]
+            start, base = stop, ends[stop - 1]
 
 
 @dataclass(frozen=True)
@@ -111,19 +112,14 @@ def display_path(path: str) -> str:
     return path.replace("\n", " ").replace("\r", " ")
 
 
-def list_dir(
-    tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook, *, rules: bool = True
-) -> Iterator[Listed]:
-    """A directory on disk: the git-aware walk (the fetch's, if this process just made it); sizes known.
+def dir_listing(tree: SourceTree, version: str) -> DirListing:
+    """The git-aware walk of a directory tree: the fetch's, if this process just made it."""
+    return recent_listing(tree.path, version) or list_directory(Path(tree.path))
 
-    With rules=False the name and size rules are left to the caller.
-    """
-    listing = recent_listing(tree.path, version) or list_directory(Path(tree.path))
-    files = replay_files(listing.events, options.skip_vendored, on_skip)
-    if not rules:
-        yield from ((entry.rel, entry.path, entry.size) for entry in files)
-        return
-    for entry in files:
+
+def list_dir(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:
+    """A directory on disk, with the name and size rules applied; sizes known."""
+    for entry in replay_files(dir_listing(tree, version).events, options.skip_vendored, on_skip):
         reason = name_skip_reason(entry.rel.rpartition("/")[2], options.skip_generated)
         if reason is None and entry.size == 0:
             reason = "empty"
@@ -144,12 +140,13 @@ def _plan_dir_tree(
     selector: PathSelector,
     skips: Skips,
 ) -> None:
-    """What list_dir and plan_tree do together, fused: the plan of a large tree is on the critical path."""
+    """What list_dir and plan_tree do together, in one loop: a large tree's plan is on the critical path."""
     new_tuple = tuple.__new__
     append = plan.items.append
     skip = skips.add
     limit, skip_generated, selecting = options.max_file_bytes, options.skip_generated, bool(selector)
-    for rel, ref, size in list_dir(tree, version, options, skip, rules=False):
+    for entry in replay_files(dir_listing(tree, version).events, options.skip_vendored, skip):
+        rel, ref, size = entry[1], entry[2], entry[3]
         reason = name_skip_reason(rel[rel.rfind("/") + 1 :], skip_generated)
         if reason is None and (size == 0 or size > limit):
             reason = "empty" if size == 0 else "too_large"

@@ -74,25 +74,35 @@ class CorpusStats:
         _bump(self.sources[self.tree_sources[tree]].skipped, reason, count)
 
     def add_chunk(self, result: ChunkResult, keep: list[bool]) -> None:
-        """Count a chunk's records; those not kept duplicate a record of an earlier chunk."""
+        """Count a chunk's records; those not kept duplicate a record of an earlier chunk.
+
+        Column at a time: the parent counts while the workers work, so this stays cheap.
+        """
         for (tree, reason), count in result.skipped.items():
             self.skip(tree, reason, count)
         self.replaced_encoding += result.replaced_encoding
-        columns = zip(keep, result.trees, result.sizes, result.splits, strict=True)
-        for position, (kept, tree, size, split) in enumerate(columns):
-            if not kept:
-                self.skip(tree, "duplicate")
-                continue
+        for tree in compress(result.trees, [not kept for kept in keep]):
+            self.skip(tree, "duplicate")
+        sizes = list(compress(result.sizes, keep))
+        trees = list(compress(result.trees, keep))
+        splits = list(compress(result.splits, keep))
+        for tree in set(trees):
             source = self.sources[self.tree_sources[tree]]
-            source.files += 1
-            source.bytes += size
-            self.splits[split]["files"] += 1
-            self.splits[split]["bytes"] += size
-            for rule, count in result.secrets.get(position, {}).items():
-                _bump(self.secrets, rule, count)
-        kept_sizes = list(compress(result.sizes, keep))
-        self.files += len(kept_sizes)
-        self.bytes += sum(kept_sizes)
+            tree_sizes = sizes if len(trees) == trees.count(tree) else [
+                size for size, owner in zip(sizes, trees, strict=True) if owner == tree
+            ]
+            source.files += len(tree_sizes)
+            source.bytes += sum(tree_sizes)
+        for split in set(splits):
+            split_sizes = [size for size, name in zip(sizes, splits, strict=True) if name == split]
+            self.splits[split]["files"] += len(split_sizes)
+            self.splits[split]["bytes"] += sum(split_sizes)
+        self.files += len(sizes)
+        self.bytes += sum(sizes)
+        for position, found in result.secrets.items():
+            if keep[position]:
+                for rule, count in found.items():
+                    _bump(self.secrets, rule, count)
 
     def summary(self, **extra: Any) -> dict[str, Any]:
         """The stats.json content; `extra` adds fingerprint, paths, sizes, timing."""

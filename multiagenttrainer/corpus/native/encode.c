@@ -212,22 +212,6 @@ static Py_ssize_t utf8_sequence(const unsigned char *p, const unsigned char *end
     return 0;
 }
 
-typedef struct {
-    PyObject *bytes;
-    char *out;
-    Py_ssize_t used, capacity;
-} Output;
-
-static int output_reserve(Output *o, Py_ssize_t more) {
-    if (o->used + more <= o->capacity) return 0;
-    Py_ssize_t grown = o->capacity * 2;
-    if (grown < o->used + more) grown = o->used + more;
-    if (_PyBytes_Resize(&o->bytes, grown) < 0) return -1;
-    o->capacity = grown;
-    o->out = PyBytes_AS_STRING(o->bytes);
-    return 0;
-}
-
 static const char HEX[] = "0123456789abcdef";
 
 /* The bytes that stop the fast copy: controls, '"', '\\', and every byte >= 0x80. */
@@ -270,31 +254,34 @@ static void init_escapes(void) {
  * runs of plain bytes cost one load and one store per block; the output is cut back to just before
  * the first byte that needs attention, which is then written escaped (or, for UTF-8, validated). */
 static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *seen) {
-    Output o = {NULL, NULL, 0, len + len / 8 + 64};
-    o.bytes = PyBytes_FromStringAndSize(NULL, o.capacity);
-    if (!o.bytes) return NULL;
-    o.out = PyBytes_AS_STRING(o.bytes);
-    Py_ssize_t i = 0, line_start = 0;
-    seen->longest_line = 0;
-    seen->first_nul = -1;
-    seen->sample_newlines = 0;
+    /* Locals only in the loop: stores through `out` (a char *) may alias anything reachable. */
+    Py_ssize_t capacity = len + len / 8 + 64, used = 0, i = 0, line_start = 0;
+    Py_ssize_t longest = 0, first_nul = -1, sample_newlines = 0;
+    const Py_ssize_t sample = rules.mean_sample;
+    PyObject *bytes = PyBytes_FromStringAndSize(NULL, capacity);
+    if (!bytes) return NULL;
+    char *out = PyBytes_AS_STRING(bytes);
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
 #endif
     while (i < len) {
-        if (o.used + 72 > o.capacity && output_reserve(&o, 64) < 0) return NULL;
-        char *w = o.out + o.used;
+        if (used + 24 > capacity) { /* room for a block, or for one escape or UTF-8 sequence */
+            Py_ssize_t grown = capacity * 2;
+            if (_PyBytes_Resize(&bytes, grown) < 0) return NULL;
+            capacity = grown;
+            out = PyBytes_AS_STRING(bytes);
+        }
         Py_ssize_t k;
 #if defined(__SSE2__)
         if (i + 16 <= len) {
             __m128i v = _mm_loadu_si128((const __m128i *)(data + i));
-            _mm_storeu_si128((__m128i *)w, v);
+            _mm_storeu_si128((__m128i *)(out + used), v);
             /* signed compare: bytes >= 0x80 are negative, so `< 0x20` catches them and the controls */
             __m128i hit = _mm_or_si128(_mm_cmplt_epi8(v, space),
                                        _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
             int mask = _mm_movemask_epi8(hit);
             if (!mask) {
-                o.used += 16;
+                used += 16;
                 i += 16;
                 continue;
             }
@@ -303,40 +290,42 @@ static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *se
 #endif
         {
             k = 0;
-            while (i + k < len && !is_special(data[i + k])) w[k] = (char)data[i + k], k++;
+            while (i + k < len && !is_special(data[i + k])) out[used + k] = (char)data[i + k], k++;
             if (i + k == len) {
-                o.used += k;
+                used += k;
                 break;
             }
         }
-        o.used += k;
+        used += k;
         i += k;
-        w += k;
         unsigned char c = data[i];
         if (c >= 0x80) {
             Py_ssize_t n = utf8_sequence(data + i, data + len);
             if (n == 0) {
-                Py_DECREF(o.bytes);
+                Py_DECREF(bytes);
                 return NULL;
             }
-            memcpy(w, data + i, (size_t)n);
-            o.used += n;
+            memcpy(out + used, data + i, (size_t)n);
+            used += n;
             i += n;
             continue;
         }
         /* branch-free bookkeeping: newlines are most of the specials in code, mixed with quotes */
         Py_ssize_t is_newline = c == '\n', line = i - line_start;
-        if (is_newline && line > seen->longest_line) seen->longest_line = line;
+        longest = (is_newline && line > longest) ? line : longest;
         line_start = is_newline ? i + 1 : line_start;
-        seen->sample_newlines += is_newline & (i < rules.mean_sample);
-        if (c == 0 && seen->first_nul < 0) seen->first_nul = i;
-        memcpy(w, ESCAPES[c].text, 8);
-        o.used += ESCAPES[c].len;
+        sample_newlines += is_newline & (i < sample);
+        if (c == 0 && first_nul < 0) first_nul = i;
+        memcpy(out + used, ESCAPES[c].text, 8);
+        used += ESCAPES[c].len;
         i++;
     }
-    if (len - line_start > seen->longest_line) seen->longest_line = len - line_start;
-    if (_PyBytes_Resize(&o.bytes, o.used) < 0) return NULL;
-    return o.bytes;
+    if (len - line_start > longest) longest = len - line_start;
+    seen->longest_line = longest;
+    seen->first_nul = first_nul;
+    seen->sample_newlines = sample_newlines;
+    if (_PyBytes_Resize(&bytes, used) < 0) return NULL;
+    return bytes;
 }
 
 /* 1: none of the content rules can apply (binary, minified); 0: let the Python rules decide.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
@@ -88,11 +88,12 @@ class ChunkResult:
 
 @dataclass
 class ChunkOutput:
-    """A processed chunk: the result, and each record's corpus.txt and corpus.jsonl pieces."""
+    """A processed chunk: the result, and its records' corpus.txt and corpus.jsonl bytes back to back
+    (record i is result.txt_bytes[i] / result.jsonl_bytes[i] long)."""
 
     result: ChunkResult
-    txt: list[tuple[bytes, ...]] = field(default_factory=list)
-    jsonl: list[tuple[bytes, ...]] = field(default_factory=list)
+    txt: bytearray = field(default_factory=bytearray)
+    jsonl: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(frozen=True)
@@ -178,16 +179,19 @@ LOADERS: dict[str, Callable[[TreeInfo, ChunkSettings, ExitStack], Loader]] = {
 
 
 class RecordEncoder:
-    """Turns one kept file into its corpus.txt pieces (header, text, final newline) and corpus.jsonl pieces.
+    """Appends one kept file to the chunk's corpus.txt bytes (header, text, final newline) and corpus.jsonl
+    bytes.
 
     A record is `{"source", "repo", "commit", "path", "bytes", "sha", "split", "text"}` as orjson
-    writes it. With text already escaped by the native encoder, the line is written as three pieces
-    (the fields before the text, the escaped text, the closing) with the same bytes.
+    writes it. With text already escaped (by the native encoder), the line is put together from the
+    fields before the text, the escaped text and the closing, with the same bytes; the native run
+    encoder (encode_dir_items) writes the same bytes itself, from `headers` and `record_starts`.
     """
 
     def __init__(self, trees: tuple[TreeInfo, ...], output: ChunkOutput) -> None:
         self.trees = trees
         self.output = output
+        self.txt, self.jsonl = output.txt, output.jsonl  # where records go (see native_run)
         self.headers = [f"--- source: {t.source} | repo: {t.repo} | path: ".encode() for t in trees]
         self.record_starts = [
             orjson.dumps({"source": t.source, "repo": t.repo, "commit": t.commit})[:-1] + b',"path":'
@@ -222,12 +226,29 @@ class RecordEncoder:
         )
         return self._append(item, data, (fields, escaped, b'"}\n'))
 
+    @contextmanager
+    def native_run(self) -> Iterator[tuple[bytearray, bytearray]]:
+        """While the native encoder writes a run into the output, records made here go to a pair of
+        pending buffers, which it moves into place after each file it hands back."""
+        pending = bytearray(), bytearray()
+        self.txt, self.jsonl = pending
+        try:
+            yield pending
+        finally:
+            self.txt, self.jsonl = self.output.txt, self.output.jsonl
+
     def _append(self, item: Item, data: bytes, line: tuple[bytes, ...]) -> tuple[int, int]:
-        header = self.headers[item.tree] + item.path.encode() + b" ---\n"
-        pieces = (header, data) if data.endswith(b"\n") else (header, data, b"\n")
-        self.output.txt.append(pieces)
-        self.output.jsonl.append(line)
-        return sum(map(len, pieces)), sum(map(len, line))
+        txt, jsonl = self.txt, self.jsonl
+        txt_start, jsonl_start = len(txt), len(jsonl)
+        txt += self.headers[item.tree]
+        txt += item.path.encode()
+        txt += b" ---\n"
+        txt += data
+        if not data.endswith(b"\n"):
+            txt += b"\n"
+        for piece in line:
+            jsonl += piece
+        return len(txt) - txt_start, len(jsonl) - jsonl_start
 
 
 def run_chunk(job: ChunkJob) -> ChunkOutput:
@@ -265,7 +286,15 @@ class ItemProcessor:
         trees = self.encoder.trees
         result = self.result
         result.files += len(items)
-        result.bytes_read += self.native.encode_dir_items(
+        with self.encoder.native_run() as pending:
+            result.bytes_read += self._encode_dir_items(items, trees, pending)
+
+    def _encode_dir_items(
+        self, items: list[Item], trees: tuple[TreeInfo, ...], pending: tuple[bytearray, bytearray]
+    ) -> int:
+        assert self.native is not None
+        result = self.result
+        read: int = self.native.encode_dir_items(
             items=items,
             headers=self.encoder.headers,
             record_starts=self.encoder.record_starts,
@@ -280,24 +309,25 @@ class ItemProcessor:
             trigger_requires=TRIGGER_REQUIRES,
             txt=self.encoder.output.txt,
             jsonl=self.encoder.output.jsonl,
+            pending=pending,
             columns=(
                 result.shas, result.txt_bytes, result.jsonl_bytes, result.sizes, result.splits, result.trees
             ),
             skip=result.skip,
             fallback=self.take_back,
         )
+        return read
 
-    def take_back(
-        self, item: Item, data: bytes | None, escaped: bytes | None, sha: bytes | None, hits: Hits | None
-    ) -> None:
-        """A file the native encoder hands back: unreadable, for the content rules, or (deduplicated
-        already) with hits of the secret scanner to look at."""
+    def take_back(self, item: Item, data: bytes | None, sha: bytes | None, hits: Hits | None) -> None:
+        """A file the native encoder hands back: unreadable, for the content rules, or (plain text,
+        deduplicated already) with hits of the secret scanner to look at."""
         if data is None:
             self.result.skip(item.tree, "unreadable")
-        elif escaped is None or sha is None:
+        elif sha is None:
             self.process_by_rules(item, data, None)
         else:
-            self.encode_plain(item, data, escaped, sha, hits)
+            assert self.native is not None
+            self.encode_plain(item, data, self.native.escape(data), sha, hits)
 
     def process(self, item: Item, load: Loader) -> None:
         """One file: the native encoder takes plain text files, the Python rules everything else."""
@@ -387,20 +417,30 @@ IOV_BATCH = 512  # pieces per pwritev call, below every platform's IOV_MAX
 
 def write_chunk(output: ChunkOutput, placement: Placement, txt_fd: int, jsonl_fd: int) -> None:
     """Write a chunk's kept records at their places in the two output files."""
-    keep = placement.keep
-    write_at(
-        txt_fd,
-        [p for pieces, k in zip(output.txt, keep, strict=True) if k for p in pieces],
-        placement.txt_offset,
-    )
-    write_at(
-        jsonl_fd,
-        [p for pieces, k in zip(output.jsonl, keep, strict=True) if k for p in pieces],
-        placement.jsonl_offset,
-    )
+    result, keep = output.result, placement.keep
+    write_at(txt_fd, kept_bytes(output.txt, result.txt_bytes, keep), placement.txt_offset)
+    write_at(jsonl_fd, kept_bytes(output.jsonl, result.jsonl_bytes, keep), placement.jsonl_offset)
 
 
-def write_at(fd: int, pieces: list[bytes], offset: int) -> None:
+def kept_bytes(buffer: bytearray, lengths: list[int], keep: list[bool]) -> list[memoryview]:
+    """The kept records of a buffer of records back to back, as few slices as possible."""
+    view = memoryview(buffer)
+    if all(keep):
+        return [view]
+    slices, start, run_start = [], 0, None
+    for length, kept in zip(lengths, keep, strict=True):
+        if kept and run_start is None:
+            run_start = start
+        elif not kept and run_start is not None:
+            slices.append(view[run_start:start])
+            run_start = None
+        start += length
+    if run_start is not None:
+        slices.append(view[run_start:start])
+    return slices
+
+
+def write_at(fd: int, pieces: list[memoryview], offset: int) -> None:
     """Write the pieces back to back starting at `offset` (positioned writes: workers share the files)."""
     for start in range(0, len(pieces), IOV_BATCH):
         batch = pieces[start : start + IOV_BATCH]

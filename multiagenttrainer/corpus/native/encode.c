@@ -7,10 +7,16 @@
  * in filters.py, which stay the reference. The constants of those rules come from Python
  * (`configure`), so they live in one place.
  *
+ * `encode_dir_items` does that for a run of files on disk and writes their corpus.txt and
+ * corpus.jsonl records straight into the chunk's two bytearrays: a file is read into corpus.txt's
+ * buffer behind its header and escaped from there into corpus.jsonl's, with no Python object per
+ * file but its SHA (the dedupe key) and its row in the chunk's columns.
+ *
  *   read_file(path, expected, limit) -> bytes       at most limit + 1 bytes; OSError on failure
  *   encode(data, limit, skip_generated) -> (clean, escaped | None, sha | None)
  *   escape(data) -> bytes | None                    the JSON body of valid UTF-8, else None
  *   git_blob_sha(data) -> bytes                      SHA-1 of "blob <len>\0" + data
+ *   encode_dir_items(...) -> bytes read              see chunks.py
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -110,48 +116,82 @@ static int open_in(OpenDir *dir, const char *path) {
     return openat(dir->fd, slash + 1, flags);
 }
 
-/* At most limit + 1 bytes of the file at path_obj (a bytes path); NULL with OSError set on failure. */
-static PyObject *read_path(OpenDir *dir, PyObject *path_obj, Py_ssize_t expected, Py_ssize_t limit) {
-    const char *path = PyBytes_AS_STRING(path_obj);
+/* A bytearray being appended to. Its size runs ahead of `used` while it grows (doubling), and is
+ * cut back to `used` before Python sees it (sink_settle) and after the run. */
+typedef struct {
+    PyObject *array;
+    Py_ssize_t used;
+} Sink;
+
+static Sink sink_at_end(PyObject *array) {
+    Sink sink = {array, PyByteArray_GET_SIZE(array)};
+    return sink;
+}
+
+/* Room for `need` more bytes; the buffer may move, so take pointers into it only after this. */
+static int sink_reserve(Sink *sink, Py_ssize_t need) {
+    Py_ssize_t size = PyByteArray_GET_SIZE(sink->array);
+    if (sink->used + need <= size) return 0;
+    Py_ssize_t grown = size * 2 > sink->used + need ? size * 2 : sink->used + need;
+    return PyByteArray_Resize(sink->array, grown < 65536 ? 65536 : grown);
+}
+
+static inline char *sink_end(const Sink *sink) { return PyByteArray_AS_STRING(sink->array) + sink->used; }
+
+static int sink_append(Sink *sink, const void *bytes, Py_ssize_t len) {
+    if (sink_reserve(sink, len) < 0) return -1;
+    memcpy(sink_end(sink), bytes, (size_t)len);
+    sink->used += len;
+    return 0;
+}
+
+static int sink_settle(Sink *sink) { return PyByteArray_Resize(sink->array, sink->used); }
+
+/* Append at most limit + 1 bytes of the file at path to the sink; the count, or -1 with errno set. */
+static Py_ssize_t read_into(Sink *sink, OpenDir *dir, const char *path, Py_ssize_t expected, Py_ssize_t limit) {
     int fd = open_in(dir, path);
-    if (fd < 0) return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
+    if (fd < 0) return -1;
     /* One read of the expected size + 1 is usually all: a short read means the end of the file. */
-    Py_ssize_t capacity = (expected < 0 ? 0 : (expected < limit ? expected : limit)) + 1;
-    PyObject *data = PyBytes_FromStringAndSize(NULL, capacity);
-    Py_ssize_t total = 0;
-    int failed = 0;
-    while (data) {
-        ssize_t got = read(fd, PyBytes_AS_STRING(data) + total, (size_t)(capacity - total));
+    Py_ssize_t want = (expected < 0 ? 0 : (expected < limit ? expected : limit)) + 1, total = 0;
+    for (;;) {
+        if (sink_reserve(sink, want - total) < 0) {
+            close(fd);
+            errno = ENOMEM;
+            return -1;
+        }
+        ssize_t got = read(fd, sink_end(sink) + total, (size_t)(want - total));
         if (got < 0) {
             if (errno == EINTR) continue;
-            failed = errno;
-            break;
+            int failed = errno;
+            close(fd);
+            errno = failed;
+            return -1;
         }
         total += got;
         if (got == 0 || total > limit) break;
-        if (total == capacity) { /* the file grew since it was listed: read on, up to limit + 1 */
-            Py_ssize_t grown = capacity * 2 < limit + 1 ? capacity * 2 : limit + 1;
-            if (_PyBytes_Resize(&data, grown) < 0) break;
-            capacity = grown;
-        }
+        if (total == want) want = want * 2 < limit + 1 ? want * 2 : limit + 1; /* it grew since it was listed */
     }
     close(fd);
-    if (failed) {
-        Py_XDECREF(data);
-        errno = failed;
-        return PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
-    }
-    if (data && _PyBytes_Resize(&data, total) < 0) return NULL;
-    return data;
+    sink->used += total;
+    return total;
 }
 
 static PyObject *read_file(PyObject *self, PyObject *args) {
-    PyObject *path_obj;
+    PyObject *path_obj, *result = NULL;
     Py_ssize_t expected, limit;
     if (!PyArg_ParseTuple(args, "O&nn", PyUnicode_FSConverter, &path_obj, &expected, &limit)) return NULL;
-    PyObject *data = read_path(NULL, path_obj, expected, limit);
+    PyObject *array = PyByteArray_FromStringAndSize(NULL, 0);
+    if (array) {
+        Sink sink = sink_at_end(array);
+        if (read_into(&sink, NULL, PyBytes_AS_STRING(path_obj), expected, limit) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
+        } else {
+            result = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(array), sink.used);
+        }
+        Py_DECREF(array);
+    }
     Py_DECREF(path_obj);
-    return data;
+    return result;
 }
 
 /* ------------------------------------------------------------------ SHA-1 */
@@ -253,23 +293,25 @@ static void init_escapes(void) {
  * Every 16-byte block is stored to the output before it is looked at (a speculative copy), so
  * runs of plain bytes cost one load and one store per block; the output is cut back to just before
  * the first byte that needs attention, which is then written escaped (or, for UTF-8, validated). */
-static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *seen) {
+/* Append data, escaped as the body of a JSON string, to the sink: 1 done, 0 not valid UTF-8 (the
+ * sink is left as it was), -1 error. `data` must not lie in the sink's own buffer. */
+static int escape_into(Sink *sink, const unsigned char *data, Py_ssize_t len, Seen *seen) {
     /* Locals only in the loop: stores through `out` (a char *) may alias anything reachable. */
-    Py_ssize_t capacity = len + len / 8 + 64, used = 0, i = 0, line_start = 0;
+    Py_ssize_t start = sink->used, used = sink->used, i = 0, line_start = 0;
     Py_ssize_t longest = 0, first_nul = -1, sample_newlines = 0;
     const Py_ssize_t sample = rules.mean_sample;
-    PyObject *bytes = PyBytes_FromStringAndSize(NULL, capacity);
-    if (!bytes) return NULL;
-    char *out = PyBytes_AS_STRING(bytes);
+    if (sink_reserve(sink, len + len / 8 + 64) < 0) return -1;
+    Py_ssize_t capacity = PyByteArray_GET_SIZE(sink->array);
+    char *out = PyByteArray_AS_STRING(sink->array);
 #if defined(__SSE2__)
     const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
 #endif
     while (i < len) {
         if (used + 24 > capacity) { /* room for a block, or for one escape or UTF-8 sequence */
-            Py_ssize_t grown = capacity * 2;
-            if (_PyBytes_Resize(&bytes, grown) < 0) return NULL;
-            capacity = grown;
-            out = PyBytes_AS_STRING(bytes);
+            sink->used = used;
+            if (sink_reserve(sink, capacity) < 0) return -1;
+            capacity = PyByteArray_GET_SIZE(sink->array);
+            out = PyByteArray_AS_STRING(sink->array);
         }
         Py_ssize_t k;
 #if defined(__SSE2__)
@@ -302,8 +344,8 @@ static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *se
         if (c >= 0x80) {
             Py_ssize_t n = utf8_sequence(data + i, data + len);
             if (n == 0) {
-                Py_DECREF(bytes);
-                return NULL;
+                sink->used = start;
+                return 0;
             }
             memcpy(out + used, data + i, (size_t)n);
             used += n;
@@ -324,8 +366,20 @@ static PyObject *escape_text(const unsigned char *data, Py_ssize_t len, Seen *se
     seen->longest_line = longest;
     seen->first_nul = first_nul;
     seen->sample_newlines = sample_newlines;
-    if (_PyBytes_Resize(&bytes, used) < 0) return NULL;
-    return bytes;
+    sink->used = used;
+    return 1;
+}
+
+/* data escaped as bytes (new reference), Py_None (new reference) if not UTF-8, NULL on error. */
+static PyObject *escaped_bytes(const unsigned char *data, Py_ssize_t len, Seen *seen) {
+    PyObject *array = PyByteArray_FromStringAndSize(NULL, 0), *result = NULL;
+    if (!array) return NULL;
+    Sink sink = sink_at_end(array);
+    int done = escape_into(&sink, data, len, seen);
+    if (done > 0) result = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(array), sink.used);
+    else if (done == 0) result = Py_NewRef(Py_None);
+    Py_DECREF(array);
+    return result;
 }
 
 /* 1: none of the content rules can apply (binary, minified); 0: let the Python rules decide.
@@ -338,21 +392,25 @@ static int plain_by_rules(const Seen *seen, Py_ssize_t len) {
 
 static PyObject *escape(PyObject *self, PyObject *arg) {
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     Seen seen;
-    PyObject *escaped = escape_text(view.buf, view.len, &seen);
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *escaped = escaped_bytes(view.buf, view.len, &seen);
     PyBuffer_Release(&view);
-    if (!escaped && !PyErr_Occurred()) Py_RETURN_NONE;
     return escaped;
+}
+
+/* Whether a rule the escaping pass cannot see applies: sizes, and generator markers in the head. */
+static int ruled_out_before_escaping(const unsigned char *data, Py_ssize_t len, Py_ssize_t limit, int skip_generated) {
+    return len == 0 || len > limit || (skip_generated && has_generated_marker(data, len));
 }
 
 /* The escaped text of a plain text file (new reference), or NULL: with an error set on failure,
  * without one when the Python rules must decide (a content rule may apply, or not UTF-8). */
 static PyObject *escape_if_plain(const unsigned char *data, Py_ssize_t len, Py_ssize_t limit, int skip_generated) {
     Seen seen;
-    if (len == 0 || len > limit || (skip_generated && has_generated_marker(data, len))) return NULL;
-    PyObject *escaped = escape_text(data, len, &seen);
-    if (escaped && !plain_by_rules(&seen, len)) Py_CLEAR(escaped);
+    if (ruled_out_before_escaping(data, len, limit, skip_generated)) return NULL;
+    PyObject *escaped = escaped_bytes(data, len, &seen);
+    if (escaped == Py_None || (escaped && !plain_by_rules(&seen, len))) Py_CLEAR(escaped);
     return escaped;
 }
 
@@ -391,12 +449,14 @@ typedef struct {
     unsigned long long val_threshold;
     int all_val, skip_generated, dedupe;
     Py_ssize_t limit;
-    PyObject *seen, *scanner, *trigger_requires, *txt, *jsonl, *skip, *fallback;
-    OpenDir dir;
+    PyObject *seen, *scanner, *trigger_requires, *skip, *fallback;
     PyObject *shas, *txt_bytes, *jsonl_bytes, *sizes, *splits, *trees;
+    PyObject *pending_txt, *pending_jsonl; /* bytearrays the fallback writes its records to */
+    Sink txt, jsonl;
+    OpenDir dir;
 } Run;
 
-static PyObject *CLOSING, *NEWLINE, *DUPLICATE, *FIND_MATCHES;
+static PyObject *DUPLICATE, *FIND_MATCHES;
 
 /* 1 for "val": the first 8 bytes of SHA-1(source/repo/ + path), big-endian, below the threshold. */
 static int is_val(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len) {
@@ -423,86 +483,51 @@ static int append_new(PyObject *list, PyObject *value) { /* steals value */
     return failed;
 }
 
-/* The corpus.jsonl fields before the text: record start, path, bytes, sha, split, `"text":"`. */
-static PyObject *record_fields(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len,
-                               Py_ssize_t size, const unsigned char *sha, int val) {
-    Seen seen;
-    PyObject *json_path = escape_text((const unsigned char *)path, path_len, &seen);
-    if (!json_path) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a corpus path is not valid UTF-8");
-        return NULL;
-    }
+/* corpus.jsonl's fields before the text: record start, path, bytes, sha, split, `"text":"`. */
+static int write_fields(Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len, Py_ssize_t size,
+                        const unsigned char *sha, int val) {
     PyObject *start = PyList_GET_ITEM(run->record_starts, tree);
+    Seen seen;
+    if (sink_append(&run->jsonl, PyBytes_AS_STRING(start), PyBytes_GET_SIZE(start)) < 0 ||
+        sink_append(&run->jsonl, "\"", 1) < 0)
+        return -1;
+    int escaped = escape_into(&run->jsonl, (const unsigned char *)path, path_len, &seen);
+    if (escaped <= 0) {
+        if (escaped == 0) PyErr_SetString(PyExc_ValueError, "a corpus path is not valid UTF-8");
+        return -1;
+    }
     char tail[160], hex[41];
     for (int k = 0; k < 20; k++) hex[2 * k] = HEX[sha[k] >> 4], hex[2 * k + 1] = HEX[sha[k] & 15];
     hex[40] = 0;
     int tail_len = snprintf(tail, sizeof tail, "\",\"bytes\":%zd,\"sha\":\"%s\",\"split\":\"%s\",\"text\":\"",
                             size, hex, val ? "val" : "train");
-    Py_ssize_t start_len = PyBytes_GET_SIZE(start), path_json_len = PyBytes_GET_SIZE(json_path);
-    PyObject *fields = PyBytes_FromStringAndSize(NULL, start_len + 1 + path_json_len + tail_len);
-    if (fields) {
-        char *w = PyBytes_AS_STRING(fields);
-        memcpy(w, PyBytes_AS_STRING(start), (size_t)start_len);
-        w[start_len] = '"';
-        memcpy(w + start_len + 1, PyBytes_AS_STRING(json_path), (size_t)path_json_len);
-        memcpy(w + start_len + 1 + path_json_len, tail, (size_t)tail_len);
-    }
-    Py_DECREF(json_path);
-    return fields;
+    return sink_append(&run->jsonl, tail, tail_len);
 }
 
-/* The header line before a file in corpus.txt. */
-static PyObject *txt_header(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len) {
+/* corpus.txt's header line before a file. */
+static int write_header(Run *run, Py_ssize_t tree, const char *path, Py_ssize_t path_len) {
     PyObject *start = PyList_GET_ITEM(run->headers, tree);
-    Py_ssize_t start_len = PyBytes_GET_SIZE(start);
-    PyObject *header = PyBytes_FromStringAndSize(NULL, start_len + path_len + 5);
-    if (header) {
-        char *w = PyBytes_AS_STRING(header);
-        memcpy(w, PyBytes_AS_STRING(start), (size_t)start_len);
-        memcpy(w + start_len, path, (size_t)path_len);
-        memcpy(w + start_len + path_len, " ---\n", 5);
-    }
-    return header;
+    return sink_append(&run->txt, PyBytes_AS_STRING(start), PyBytes_GET_SIZE(start)) < 0 ||
+                   sink_append(&run->txt, path, path_len) < 0 || sink_append(&run->txt, " ---\n", 5) < 0
+               ? -1
+               : 0;
 }
 
-/* Append one plain file's record: corpus.txt pieces, corpus.jsonl pieces, and its columns. */
-static int add_record(const Run *run, PyObject *item, PyObject *data, PyObject *escaped, PyObject *sha) {
-    Py_ssize_t tree = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
-    Py_ssize_t path_len;
-    const char *path = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(item, 1), &path_len);
-    if (!path || (tree == -1 && PyErr_Occurred())) return -1;
-    if (tree < 0 || tree >= PyList_GET_SIZE(run->headers)) {
-        PyErr_Format(PyExc_IndexError, "item names tree %zd, but there are %zd", tree, PyList_GET_SIZE(run->headers));
-        return -1;
-    }
-    int val = is_val(run, tree, path, path_len);
-    if (val < 0) return -1;
-    Py_ssize_t size = PyBytes_GET_SIZE(data);
-    PyObject *header = txt_header(run, tree, path, path_len);
-    if (!header) return -1;
-    int newline_ended = size > 0 && PyBytes_AS_STRING(data)[size - 1] == '\n';
-    Py_ssize_t txt_len = PyBytes_GET_SIZE(header) + size + !newline_ended;
-    PyObject *pieces = newline_ended ? PyTuple_Pack(2, header, data) : PyTuple_Pack(3, header, data, NEWLINE);
-    Py_DECREF(header);
-    if (append_new(run->txt, pieces) < 0) return -1;
-    PyObject *fields = record_fields(run, tree, path, path_len, size, (const unsigned char *)PyBytes_AS_STRING(sha), val);
-    if (!fields) return -1;
-    Py_ssize_t jsonl_len = PyBytes_GET_SIZE(fields) + PyBytes_GET_SIZE(escaped) + PyBytes_GET_SIZE(CLOSING);
-    PyObject *line = PyTuple_Pack(3, fields, escaped, CLOSING);
-    Py_DECREF(fields);
-    if (append_new(run->jsonl, line) < 0) return -1;
-    if (PyList_Append(run->shas, sha) < 0 || append_new(run->txt_bytes, PyLong_FromSsize_t(txt_len)) < 0 ||
-        append_new(run->jsonl_bytes, PyLong_FromSsize_t(jsonl_len)) < 0 ||
-        append_new(run->sizes, PyLong_FromSsize_t(size)) < 0 ||
-        PyList_Append(run->splits, PyTuple_GET_ITEM(run->split_names, val)) < 0 ||
-        PyList_Append(run->trees, PyTuple_GET_ITEM(item, 0)) < 0)
-        return -1;
-    return 0;
+/* The row of a record just written to both buffers. */
+static int add_columns(const Run *run, PyObject *item, PyObject *sha, Py_ssize_t size, Py_ssize_t txt_len,
+                       Py_ssize_t jsonl_len, int val) {
+    return PyList_Append(run->shas, sha) < 0 || append_new(run->txt_bytes, PyLong_FromSsize_t(txt_len)) < 0 ||
+                   append_new(run->jsonl_bytes, PyLong_FromSsize_t(jsonl_len)) < 0 ||
+                   append_new(run->sizes, PyLong_FromSsize_t(size)) < 0 ||
+                   PyList_Append(run->splits, PyTuple_GET_ITEM(run->split_names, val)) < 0 ||
+                   PyList_Append(run->trees, PyTuple_GET_ITEM(item, 0)) < 0
+               ? -1
+               : 0;
 }
 
 /* Whether any hit's rules could match in data: a trigger whose rules need a byte the file does not
  * have (secrets.TRIGGER_REQUIRES: URL credentials need `@`) is no reason to look closer. */
-static int any_relevant_hit(const Run *run, PyObject *hits, PyObject *data) {
+static int any_relevant_hit(const Run *run, PyObject *hits, const char *data, Py_ssize_t len) {
     signed char present[256];
     memset(present, -1, sizeof present); /* -1: not looked for yet */
     Py_ssize_t count = PyList_GET_SIZE(hits), known = PyTuple_GET_SIZE(run->trigger_requires);
@@ -516,8 +541,7 @@ static int any_relevant_hit(const Run *run, PyObject *hits, PyObject *data) {
         }
         long required = PyLong_AsLong(PyTuple_GET_ITEM(run->trigger_requires, trigger));
         if (required < 0 || required > 255) return 1;
-        if (present[required] < 0)
-            present[required] = memchr(PyBytes_AS_STRING(data), (int)required, (size_t)PyBytes_GET_SIZE(data)) != NULL;
+        if (present[required] < 0) present[required] = memchr(data, (int)required, (size_t)len) != NULL;
         if (present[required]) return 1;
     }
     return 0;
@@ -525,68 +549,116 @@ static int any_relevant_hit(const Run *run, PyObject *hits, PyObject *data) {
 
 /* The secret scanner's hits in data (a new reference; NULL with an error set), or Py_None (new
  * reference too) when there are none worth a closer look, or redaction is off. */
-static PyObject *secret_triggers(const Run *run, PyObject *data) {
+static PyObject *secret_triggers(const Run *run, const char *data, Py_ssize_t len) {
     if (run->scanner == Py_None) Py_RETURN_NONE;
-    PyObject *hits = PyObject_CallMethodOneArg(run->scanner, FIND_MATCHES, data);
+    PyObject *view = PyMemoryView_FromMemory((char *)data, len, PyBUF_READ);
+    if (!view) return NULL;
+    PyObject *hits = PyObject_CallMethodOneArg(run->scanner, FIND_MATCHES, view);
+    Py_DECREF(view);
     if (!hits) return NULL;
     if (!PyList_Check(hits)) {
         Py_DECREF(hits);
         return PyErr_Format(PyExc_TypeError, "the secret scanner must return a list");
     }
-    if (PyList_GET_SIZE(hits) > 0 && any_relevant_hit(run, hits, data)) return hits;
+    if (PyList_GET_SIZE(hits) > 0 && any_relevant_hit(run, hits, data, len)) return hits;
     Py_DECREF(hits);
     Py_RETURN_NONE;
 }
 
-/* One file: 0 done, -1 error. */
+/* Move what the Python side wrote to a pending buffer into a sink, emptying the pending buffer. */
+static int take_pending(Sink *sink, PyObject *pending) {
+    Py_ssize_t len = PyByteArray_GET_SIZE(pending);
+    if (len == 0) return 0;
+    if (sink_append(sink, PyByteArray_AS_STRING(pending), len) < 0) return -1;
+    return PyByteArray_Resize(pending, 0);
+}
+
+/* Hand a file to the Python side. A record it makes goes to the pending buffers (the run's own
+ * buffers are bigger than their contents while it runs), and from there after the run's records. */
+static int hand_back(Run *run, PyObject *item, PyObject *data, PyObject *sha, PyObject *hits) {
+    PyObject *called = PyObject_CallFunctionObjArgs(run->fallback, item, data ? data : Py_None,
+                                                    sha ? sha : Py_None, hits ? hits : Py_None, NULL);
+    if (!called) return -1;
+    Py_DECREF(called);
+    return take_pending(&run->txt, run->pending_txt) < 0 || take_pending(&run->jsonl, run->pending_jsonl) < 0
+               ? -1
+               : 0;
+}
+
+/* One file: written to both buffers, counted as a duplicate, or handed back. 0 done, -1 error. */
 static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
-    PyObject *path_obj = NULL, *data = NULL, *escaped = NULL, *sha = NULL, *hits = NULL, *called = NULL;
+    PyObject *path_obj = NULL, *data = NULL, *sha = NULL, *hits = NULL;
     int status = -1;
-    if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(item, 2), &path_obj)) return -1;
+    Py_ssize_t tree = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0)), path_len;
+    const char *path = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(item, 1), &path_len);
     Py_ssize_t expected = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 3));
-    if (expected == -1 && PyErr_Occurred()) goto done;
-    data = read_path(&run->dir, path_obj, expected, run->limit);
-    if (!data) {
-        if (!PyErr_ExceptionMatches(PyExc_OSError)) goto done;
-        PyErr_Clear(); /* vanished or unreadable: the Python side counts it */
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, Py_None, Py_None, Py_None, Py_None, NULL);
-        status = called ? 0 : -1;
+    if (!path || PyErr_Occurred()) return -1;
+    if (tree < 0 || tree >= PyList_GET_SIZE(run->headers)) {
+        PyErr_Format(PyExc_IndexError, "item names tree %zd, but there are %zd", tree, PyList_GET_SIZE(run->headers));
+        return -1;
+    }
+    if (!PyUnicode_FSConverter(PyTuple_GET_ITEM(item, 2), &path_obj)) return -1;
+    const Py_ssize_t txt_start = run->txt.used, jsonl_start = run->jsonl.used;
+    if (write_header(run, tree, path, path_len) < 0) goto done;
+    const Py_ssize_t data_at = run->txt.used;
+    Py_ssize_t size = read_into(&run->txt, &run->dir, PyBytes_AS_STRING(path_obj), expected, run->limit);
+    if (size < 0) {
+        if (errno == ENOMEM && PyErr_Occurred()) goto done;
+        run->txt.used = txt_start; /* vanished or unreadable: the Python side counts it */
+        status = hand_back(run, item, NULL, NULL, NULL);
         goto done;
     }
-    *bytes_read += PyBytes_GET_SIZE(data);
-    const unsigned char *bytes = (const unsigned char *)PyBytes_AS_STRING(data);
-    escaped = escape_if_plain(bytes, PyBytes_GET_SIZE(data), run->limit, run->skip_generated);
-    if (!escaped) {
-        if (PyErr_Occurred()) goto done;
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, Py_None, Py_None, Py_None, NULL);
-        status = called ? 0 : -1;
+    *bytes_read += size;
+    /* From here on the file's bytes sit in corpus.txt's buffer, which stays put until the next append to it. */
+#define DATA ((const unsigned char *)PyByteArray_AS_STRING(run->txt.array) + data_at)
+    unsigned char digest[20];
+    Seen seen;
+    int val = is_val(run, tree, path, path_len), plain = 0;
+    if (val < 0 || blob_sha((const char *)DATA, size, digest) < 0) goto done;
+    if (!ruled_out_before_escaping(DATA, size, run->limit, run->skip_generated)) {
+        if (write_fields(run, tree, path, path_len, size, digest, val) < 0) goto done;
+        plain = escape_into(&run->jsonl, DATA, size, &seen);
+        if (plain < 0) goto done;
+        plain = plain && plain_by_rules(&seen, size);
+    }
+    if (!plain) { /* the content rules decide */
+        if (!(data = PyBytes_FromStringAndSize((const char *)DATA, size))) goto done;
+        run->txt.used = txt_start;
+        run->jsonl.used = jsonl_start;
+        status = hand_back(run, item, data, NULL, NULL);
         goto done;
     }
-    if (!(sha = sha_bytes((const char *)bytes, PyBytes_GET_SIZE(data)))) goto done;
+    if (!(sha = PyBytes_FromStringAndSize((const char *)digest, 20))) goto done;
     if (run->dedupe) {
         int duplicate = PySet_Contains(run->seen, sha);
-        if (duplicate < 0) goto done;
+        if (duplicate < 0 || (!duplicate && PySet_Add(run->seen, sha) < 0)) goto done;
         if (duplicate) {
-            called = PyObject_CallFunctionObjArgs(run->skip, PyTuple_GET_ITEM(item, 0), DUPLICATE, NULL);
+            run->txt.used = txt_start;
+            run->jsonl.used = jsonl_start;
+            PyObject *called = PyObject_CallFunctionObjArgs(run->skip, PyTuple_GET_ITEM(item, 0), DUPLICATE, NULL);
+            Py_XDECREF(called);
             status = called ? 0 : -1;
             goto done;
         }
-        if (PySet_Add(run->seen, sha) < 0) goto done;
     }
-    if (!(hits = secret_triggers(run, data))) goto done;
+    if (!(hits = secret_triggers(run, (const char *)DATA, size))) goto done;
     if (hits != Py_None) { /* the Python rules look closer at each hit, redact, and encode */
-        called = PyObject_CallFunctionObjArgs(run->fallback, item, data, escaped, sha, hits, NULL);
-        status = called ? 0 : -1;
+        if (!(data = PyBytes_FromStringAndSize((const char *)DATA, size))) goto done;
+        run->txt.used = txt_start;
+        run->jsonl.used = jsonl_start;
+        status = hand_back(run, item, data, sha, hits);
         goto done;
     }
-    status = add_record(run, item, data, escaped, sha);
+    int newline_ended = size > 0 && DATA[size - 1] == '\n';
+#undef DATA
+    if ((!newline_ended && sink_append(&run->txt, "\n", 1) < 0) || sink_append(&run->jsonl, "\"}\n", 3) < 0)
+        goto done;
+    status = add_columns(run, item, sha, size, run->txt.used - txt_start, run->jsonl.used - jsonl_start, val);
 done:
     Py_XDECREF(path_obj);
     Py_XDECREF(data);
-    Py_XDECREF(escaped);
     Py_XDECREF(sha);
     Py_XDECREF(hits);
-    Py_XDECREF(called);
     return status;
 }
 
@@ -599,19 +671,23 @@ static int exact_list(PyObject *value, const char *name) {
 static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"items", "headers", "record_starts", "split_prefixes", "split_names",
                             "val_threshold", "limit", "skip_generated", "dedupe", "seen", "scanner",
-                            "trigger_requires", "txt", "jsonl", "columns", "skip", "fallback", NULL};
+                            "trigger_requires", "txt", "jsonl", "pending", "columns", "skip", "fallback",
+                            NULL};
     Run run;
-    PyObject *items, *threshold, *columns;
+    PyObject *items, *threshold, *columns, *txt, *jsonl, *pending;
     if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!OOOOO", names, &items, &run.headers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!O!O!O!OOO", names, &items, &run.headers,
                                      &run.record_starts, &run.split_prefixes, &run.split_names, &threshold,
                                      &run.limit, &run.skip_generated, &run.dedupe, &run.seen, &run.scanner,
-                                     &PyTuple_Type, &run.trigger_requires, &run.txt, &run.jsonl, &columns,
-                                     &run.skip, &run.fallback))
+                                     &PyTuple_Type, &run.trigger_requires, &PyByteArray_Type, &txt,
+                                     &PyByteArray_Type, &jsonl, &PyTuple_Type, &pending, &columns, &run.skip,
+                                     &run.fallback))
+        return NULL;
+    if (!PyArg_ParseTuple(pending, "O!O!", &PyByteArray_Type, &run.pending_txt, &PyByteArray_Type,
+                          &run.pending_jsonl))
         return NULL;
     if (exact_list(items, "items") || exact_list(run.headers, "headers") ||
-        exact_list(run.record_starts, "record_starts") || exact_list(run.split_prefixes, "split_prefixes") ||
-        exact_list(run.txt, "txt") || exact_list(run.jsonl, "jsonl"))
+        exact_list(run.record_starts, "record_starts") || exact_list(run.split_prefixes, "split_prefixes"))
         return NULL;
     if (PyList_GET_SIZE(run.record_starts) != PyList_GET_SIZE(run.headers) ||
         PyList_GET_SIZE(run.split_prefixes) != PyList_GET_SIZE(run.headers))
@@ -624,17 +700,33 @@ static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwar
                           &PyList_Type, &run.trees))
         return NULL;
     /* the threshold may be 2**64 (every file in val) */
-    int overflow = 0;
     run.val_threshold = PyLong_AsUnsignedLongLong(threshold);
+    run.all_val = 0;
     if (run.val_threshold == (unsigned long long)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
         PyErr_Clear();
-        overflow = 1;
+        run.all_val = 1;
     }
-    run.all_val = overflow;
+    run.txt = sink_at_end(txt);
+    run.jsonl = sink_at_end(jsonl);
+    run.dir.fd = -1;
+    /* Size both buffers for the whole run up front: growing them by doubling copies them over and over. */
+    Py_ssize_t planned = 0, count = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        Py_ssize_t size = PyTuple_Check(item) && PyTuple_GET_SIZE(item) >= 4
+                              ? PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 3)) : 0;
+        if (size < 0) {
+            PyErr_Clear();
+            size = 0;
+        }
+        planned += size < run.limit ? size : run.limit;
+    }
+    if (sink_reserve(&run.txt, planned + count * 256 + 1) < 0 ||
+        sink_reserve(&run.jsonl, planned + planned / 4 + count * 512 + 64) < 0)
+        return NULL;
     Py_ssize_t bytes_read = 0;
     int failed = 0;
-    run.dir.fd = -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && !failed; i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 4) {
@@ -647,6 +739,13 @@ static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwar
         Py_DECREF(item);
     }
     if (run.dir.fd >= 0) close(run.dir.fd);
+    if (!failed) failed = sink_settle(&run.txt) < 0 || sink_settle(&run.jsonl) < 0;
+    else { /* keep the buffers' sizes honest for the caller, whatever happened */
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        (void)(sink_settle(&run.txt) < 0 || sink_settle(&run.jsonl) < 0);
+        PyErr_Restore(type, value, traceback);
+    }
     return failed ? NULL : PyLong_FromSsize_t(bytes_read);
 }
 
@@ -688,10 +787,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_encode",
 
 PyMODINIT_FUNC PyInit__encode(void) {
     init_escapes();
-    CLOSING = PyBytes_FromString("\"}\n");
-    NEWLINE = PyBytes_FromString("\n");
     DUPLICATE = PyUnicode_InternFromString("duplicate");
     FIND_MATCHES = PyUnicode_InternFromString("find_matches_as_indexes");
-    if (!CLOSING || !NEWLINE || !DUPLICATE || !FIND_MATCHES) return NULL;
+    if (!DUPLICATE || !FIND_MATCHES) return NULL;
     return PyModule_Create(&module);
 }

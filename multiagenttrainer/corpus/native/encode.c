@@ -168,8 +168,9 @@ static Py_ssize_t read_into(Sink *sink, OpenDir *dir, const char *path, Py_ssize
             return -1;
         }
         total += got;
-        if (got == 0 || total > limit) break;
-        if (total == want) want = want * 2 < limit + 1 ? want * 2 : limit + 1; /* it grew since it was listed */
+        /* A regular file reads short only at its end, so one read is usually all. */
+        if (total < want || total > limit) break;
+        want = want * 2 < limit + 1 ? want * 2 : limit + 1; /* it grew since it was listed: read on */
     }
     close(fd);
     sink->used += total;

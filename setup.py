@@ -14,6 +14,7 @@ setup(
         Extension(
             "multiagenttrainer.corpus._encode",
             ["multiagenttrainer/corpus/native/encode.c"],
+            depends=["multiagenttrainer/corpus/native/escape_loop.h"],
             libraries=["crypto"],
             extra_compile_args=FLAGS,
             optional=True,

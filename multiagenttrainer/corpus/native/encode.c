@@ -294,81 +294,57 @@ static void init_escapes(void) {
  * Every 16-byte block is stored to the output before it is looked at (a speculative copy), so
  * runs of plain bytes cost one load and one store per block; the output is cut back to just before
  * the first byte that needs attention, which is then written escaped (or, for UTF-8, validated). */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HAVE_SPREAD 1
+#include <tmmintrin.h>
+
+/* Escaping a block of 16 bytes whose only specials are the two-byte escapes (\" \\ \b \t \n \f \r),
+ * most blocks with specials in code: each half of 8 bytes is spread out with one byte shuffle, a
+ * backslash going in before each special. SPREAD[m]: for the output bytes, which input byte each
+ * takes (0x80: none) when the half's specials are the bits of m; SLASHES[m]: the backslashes. */
+static unsigned char SPREAD[256][16], SLASHES[256][16], SPREAD_LEN[256];
+static int have_ssse3;
+
+static void init_spread(void) {
+    for (int m = 0; m < 256; m++) {
+        int k = 0;
+        memset(SPREAD[m], 0x80, 16);
+        memset(SLASHES[m], 0, 16);
+        for (int j = 0; j < 8; j++) {
+            if (m >> j & 1) SLASHES[m][k++] = '\\';
+            SPREAD[m][k++] = (unsigned char)j;
+        }
+        SPREAD_LEN[m] = (unsigned char)k;
+    }
+    __builtin_cpu_init();
+    have_ssse3 = __builtin_cpu_supports("ssse3");
+}
+#else
+static void init_spread(void) {}
+#endif
+
+/* Append data, escaped as the body of a JSON string, to the sink: 1 done, 0 not valid UTF-8 (the
+ * sink is left as it was), -1 error. `data` must not lie in the sink's own buffer. */
+#define ESCAPE_FN escape_plain
+#define ESCAPE_SPREAD 0
+#include "escape_loop.h"
+
+#if defined(HAVE_SPREAD)
+#pragma GCC push_options
+#pragma GCC target("ssse3")
+#define ESCAPE_FN escape_spread
+#define ESCAPE_SPREAD 1
+#include "escape_loop.h"
+#pragma GCC pop_options
+#endif
+
 /* Append data, escaped as the body of a JSON string, to the sink: 1 done, 0 not valid UTF-8 (the
  * sink is left as it was), -1 error. `data` must not lie in the sink's own buffer. */
 static int escape_into(Sink *sink, const unsigned char *data, Py_ssize_t len, Seen *seen) {
-    /* Locals only in the loop: stores through `out` (a char *) may alias anything reachable. */
-    Py_ssize_t start = sink->used, used = sink->used, i = 0, line_start = 0;
-    Py_ssize_t longest = 0, first_nul = -1, sample_newlines = 0;
-    const Py_ssize_t sample = rules.mean_sample;
-    if (sink_reserve(sink, len + len / 8 + 64) < 0) return -1;
-    Py_ssize_t capacity = PyByteArray_GET_SIZE(sink->array);
-    char *out = PyByteArray_AS_STRING(sink->array);
-#if defined(__SSE2__)
-    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+#if defined(HAVE_SPREAD)
+    if (have_ssse3) return escape_spread(sink, data, len, seen);
 #endif
-    while (i < len) {
-        if (used + 24 > capacity) { /* room for a block, or for one escape or UTF-8 sequence */
-            sink->used = used;
-            if (sink_reserve(sink, capacity) < 0) return -1;
-            capacity = PyByteArray_GET_SIZE(sink->array);
-            out = PyByteArray_AS_STRING(sink->array);
-        }
-        Py_ssize_t k;
-#if defined(__SSE2__)
-        if (i + 16 <= len) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(data + i));
-            _mm_storeu_si128((__m128i *)(out + used), v);
-            /* signed compare: bytes >= 0x80 are negative, so `< 0x20` catches them and the controls */
-            __m128i hit = _mm_or_si128(_mm_cmplt_epi8(v, space),
-                                       _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
-            int mask = _mm_movemask_epi8(hit);
-            if (!mask) {
-                used += 16;
-                i += 16;
-                continue;
-            }
-            k = __builtin_ctz((unsigned)mask);
-        } else
-#endif
-        {
-            k = 0;
-            while (i + k < len && !is_special(data[i + k])) out[used + k] = (char)data[i + k], k++;
-            if (i + k == len) {
-                used += k;
-                break;
-            }
-        }
-        used += k;
-        i += k;
-        unsigned char c = data[i];
-        if (c >= 0x80) {
-            Py_ssize_t n = utf8_sequence(data + i, data + len);
-            if (n == 0) {
-                sink->used = start;
-                return 0;
-            }
-            memcpy(out + used, data + i, (size_t)n);
-            used += n;
-            i += n;
-            continue;
-        }
-        /* branch-free bookkeeping: newlines are most of the specials in code, mixed with quotes */
-        Py_ssize_t is_newline = c == '\n', line = i - line_start;
-        longest = (is_newline && line > longest) ? line : longest;
-        line_start = is_newline ? i + 1 : line_start;
-        sample_newlines += is_newline & (i < sample);
-        if (c == 0 && first_nul < 0) first_nul = i;
-        memcpy(out + used, ESCAPES[c].text, 8);
-        used += ESCAPES[c].len;
-        i++;
-    }
-    if (len - line_start > longest) longest = len - line_start;
-    seen->longest_line = longest;
-    seen->first_nul = first_nul;
-    seen->sample_newlines = sample_newlines;
-    sink->used = used;
-    return 1;
+    return escape_plain(sink, data, len, seen);
 }
 
 /* data escaped as bytes (new reference), Py_None (new reference) if not UTF-8, NULL on error. */
@@ -788,6 +764,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_encode",
 
 PyMODINIT_FUNC PyInit__encode(void) {
     init_escapes();
+    init_spread();
     DUPLICATE = PyUnicode_InternFromString("duplicate");
     FIND_MATCHES = PyUnicode_InternFromString("find_matches_as_indexes");
     if (!DUPLICATE || !FIND_MATCHES) return NULL;

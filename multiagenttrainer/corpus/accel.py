@@ -36,7 +36,7 @@ def _load_encoder() -> ModuleType | None:
         long_line=filters.LONG_LINE_CHARS,
         mean_sample=filters.MEAN_LINE_SAMPLE_BYTES,
         mean_min_newlines=filters.MEAN_LINE_MIN_NEWLINES,
-        markers=filters.GENERATED_MARKERS,
+        markers=filters.GENERATED_MARKER_HINTS,
     )
     module: ModuleType = _encode
     return module

@@ -133,6 +133,10 @@ GENERATED_MARKERS = (
     b"this file was generated",
 )
 GENERATED_SCANNER = BytesAhoCorasick(list(GENERATED_MARKERS))  # one pass for all markers
+# Every marker contains one of these: the native encoder looks for them only, and leaves a file
+# that has one to the markers here.
+GENERATED_MARKER_HINTS = (b"generated", b"do not edit")
+assert all(any(hint in marker for hint in GENERATED_MARKER_HINTS) for marker in GENERATED_MARKERS)
 BINARY_SNIFF_BYTES = 8192
 GENERATED_SNIFF_BYTES = 512
 LONG_LINE_CHARS = 5000

@@ -315,19 +315,24 @@ class ItemProcessor:
             ),
             skip=result.skip,
             fallback=self.take_back,
+            secrets=self.take_secrets,
         )
         return read
 
-    def take_back(self, item: Item, data: bytes | None, sha: bytes | None, hits: Hits | None) -> None:
-        """A file the native encoder hands back: unreadable, for the content rules, or (plain text,
-        deduplicated already) with hits of the secret scanner to look at."""
+    def take_back(self, item: Item, data: bytes | None) -> None:
+        """A file the native encoder hands back: unreadable (no data), or for the content rules."""
         if data is None:
             self.result.skip(item.tree, "unreadable")
-        elif sha is None:
-            self.process_by_rules(item, data, None)
         else:
-            assert self.native is not None
-            self.encode_plain(item, data, self.native.escape(data), sha, hits)
+            self.process_by_rules(item, data, None)
+
+    def take_secrets(self, item: Item, data: bytes, sha: bytes, hits: Hits) -> bool:
+        """A plain file the native encoder has written, whose scanner hits the secret rules look at:
+        True when they found secrets (its record is then made here, redacted)."""
+        redacted, found = redact_secrets(data, hits)
+        if found:
+            self.encode_redacted(item, redacted, len(data), sha, found)
+        return bool(found)
 
     def process(self, item: Item, load: Loader) -> None:
         """One file: the native encoder takes plain text files, the Python rules everything else."""
@@ -358,21 +363,25 @@ class ItemProcessor:
 
     def encode_plain(self, item: Item, data: bytes, escaped: bytes, sha: bytes, hits: Hits | None) -> None:
         """keep_plain after the dedupe; `hits`: the secret scanner's, when the caller ran it already."""
-        size = len(data)
-        redacted = None
         if self.settings.redact:
-            data, found = redact_secrets(data, hits)
+            redacted, found = redact_secrets(data, hits)
             if found:
-                redacted = found
-                rescaped = self.native.escape(data) if self.native is not None else None
-                if rescaped is None:  # not UTF-8 after the redaction: encode it the general way
-                    text = data.decode("utf-8", "replace")
-                    self.add_record(item, text.encode(), text, size, sha, redacted)
-                    return
-                escaped = rescaped
+                self.encode_redacted(item, redacted, len(data), sha, found)
+                return
+        split = self.split_of(item)
+        txt_bytes, jsonl_bytes = self.encoder.add_escaped(item, data, escaped, len(data), sha, split)
+        self.result.add_record(sha, txt_bytes, jsonl_bytes, len(data), split, item.tree, None)
+
+    def encode_redacted(self, item: Item, data: bytes, size: int, sha: bytes, found: dict[str, int]) -> None:
+        """A plain text file with its secrets redacted (`size`: before the redaction)."""
+        escaped = self.native.escape(data) if self.native is not None else None
+        if escaped is None:  # not UTF-8 after the redaction, or no native encoder: the general way
+            text = data.decode("utf-8", "replace")
+            self.add_record(item, text.encode(), text, size, sha, found)
+            return
         split = self.split_of(item)
         txt_bytes, jsonl_bytes = self.encoder.add_escaped(item, data, escaped, size, sha, split)
-        self.result.add_record(sha, txt_bytes, jsonl_bytes, size, split, item.tree, redacted)
+        self.result.add_record(sha, txt_bytes, jsonl_bytes, size, split, item.tree, found)
 
     def process_by_rules(self, item: Item, data: bytes, sha: bytes | None) -> None:
         """The Python rules: skip reasons, lenient decoding, dedupe, redaction."""

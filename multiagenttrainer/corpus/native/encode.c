@@ -426,7 +426,7 @@ typedef struct {
     unsigned long long val_threshold;
     int all_val, skip_generated, dedupe;
     Py_ssize_t limit;
-    PyObject *seen, *scanner, *trigger_requires, *skip, *fallback;
+    PyObject *seen, *scanner, *trigger_requires, *skip, *fallback, *secrets;
     PyObject *shas, *txt_bytes, *jsonl_bytes, *sizes, *splits, *trees;
     PyObject *pending_txt, *pending_jsonl; /* bytearrays the fallback writes its records to */
     Sink txt, jsonl;
@@ -550,16 +550,31 @@ static int take_pending(Sink *sink, PyObject *pending) {
     return PyByteArray_Resize(pending, 0);
 }
 
-/* Hand a file to the Python side. A record it makes goes to the pending buffers (the run's own
- * buffers are bigger than their contents while it runs), and from there after the run's records. */
-static int hand_back(Run *run, PyObject *item, PyObject *data, PyObject *sha, PyObject *hits) {
-    PyObject *called = PyObject_CallFunctionObjArgs(run->fallback, item, data ? data : Py_None,
-                                                    sha ? sha : Py_None, hits ? hits : Py_None, NULL);
-    if (!called) return -1;
-    Py_DECREF(called);
+static int take_all_pending(Run *run) {
     return take_pending(&run->txt, run->pending_txt) < 0 || take_pending(&run->jsonl, run->pending_jsonl) < 0
                ? -1
                : 0;
+}
+
+/* Hand a file to the Python side: unreadable (data NULL), or for the content rules. A record it
+ * makes goes to the pending buffers (the run's own buffers are bigger than their contents while it
+ * runs), and from there after the run's records. */
+static int hand_back(Run *run, PyObject *item, PyObject *data) {
+    PyObject *called = PyObject_CallFunctionObjArgs(run->fallback, item, data ? data : Py_None, NULL);
+    if (!called) return -1;
+    Py_DECREF(called);
+    return take_all_pending(run);
+}
+
+/* Let the secret rules look at a plain file whose scanner hits could be secrets: 1 when they
+ * found some (and the Python side wrote the redacted record to the pending buffers), 0 when the
+ * record written here stands, -1 error. */
+static int check_secrets(Run *run, PyObject *item, PyObject *data, PyObject *sha, PyObject *hits) {
+    PyObject *called = PyObject_CallFunctionObjArgs(run->secrets, item, data, sha, hits, NULL);
+    if (!called) return -1;
+    int redacted = PyObject_IsTrue(called);
+    Py_DECREF(called);
+    return redacted;
 }
 
 /* One file: written to both buffers, counted as a duplicate, or handed back. 0 done, -1 error. */
@@ -582,7 +597,7 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
     if (size < 0) {
         if (errno == ENOMEM && PyErr_Occurred()) goto done;
         run->txt.used = txt_start; /* vanished or unreadable: the Python side counts it */
-        status = hand_back(run, item, NULL, NULL, NULL);
+        status = hand_back(run, item, NULL);
         goto done;
     }
     *bytes_read += size;
@@ -602,7 +617,7 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
         if (!(data = PyBytes_FromStringAndSize((const char *)DATA, size))) goto done;
         run->txt.used = txt_start;
         run->jsonl.used = jsonl_start;
-        status = hand_back(run, item, data, NULL, NULL);
+        status = hand_back(run, item, data);
         goto done;
     }
     if (!(sha = PyBytes_FromStringAndSize((const char *)digest, 20))) goto done;
@@ -619,12 +634,16 @@ static int encode_dir_item(Run *run, PyObject *item, Py_ssize_t *bytes_read) {
         }
     }
     if (!(hits = secret_triggers(run, (const char *)DATA, size))) goto done;
-    if (hits != Py_None) { /* the Python rules look closer at each hit, redact, and encode */
+    if (hits != Py_None) { /* the secret rules look closer at each hit */
         if (!(data = PyBytes_FromStringAndSize((const char *)DATA, size))) goto done;
-        run->txt.used = txt_start;
-        run->jsonl.used = jsonl_start;
-        status = hand_back(run, item, data, sha, hits);
-        goto done;
+        int redacted = check_secrets(run, item, data, sha, hits);
+        if (redacted < 0) goto done;
+        if (redacted) { /* the redacted record replaces the one written here */
+            run->txt.used = txt_start;
+            run->jsonl.used = jsonl_start;
+            status = take_all_pending(run);
+            goto done;
+        }
     }
     int newline_ended = size > 0 && DATA[size - 1] == '\n';
 #undef DATA
@@ -649,16 +668,16 @@ static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwar
     static char *names[] = {"items", "headers", "record_starts", "split_prefixes", "split_names",
                             "val_threshold", "limit", "skip_generated", "dedupe", "seen", "scanner",
                             "trigger_requires", "txt", "jsonl", "pending", "columns", "skip", "fallback",
-                            NULL};
+                            "secrets", NULL};
     Run run;
     PyObject *items, *threshold, *columns, *txt, *jsonl, *pending;
     if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!O!O!O!OOO", names, &items, &run.headers,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!O!O!O!OOOO", names, &items, &run.headers,
                                      &run.record_starts, &run.split_prefixes, &run.split_names, &threshold,
                                      &run.limit, &run.skip_generated, &run.dedupe, &run.seen, &run.scanner,
                                      &PyTuple_Type, &run.trigger_requires, &PyByteArray_Type, &txt,
                                      &PyByteArray_Type, &jsonl, &PyTuple_Type, &pending, &columns, &run.skip,
-                                     &run.fallback))
+                                     &run.fallback, &run.secrets))
         return NULL;
     if (!PyArg_ParseTuple(pending, "O!O!", &PyByteArray_Type, &run.pending_txt, &PyByteArray_Type,
                           &run.pending_jsonl))

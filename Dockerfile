@@ -3,11 +3,11 @@
 FROM python:3.11-slim
 
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git openssh-client rsync \
+    && apt-get install -y --no-install-recommends git openssh-client rsync gcc libc6-dev libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/mat
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY multiagenttrainer ./multiagenttrainer
 COPY flows ./flows
 COPY tasks ./tasks

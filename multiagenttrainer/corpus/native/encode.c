@@ -56,6 +56,16 @@ static struct {
 
 static EVP_MD_CTX *sha_ctx;
 
+/* SHA-1, looked up once: OpenSSL 3 looks a digest up again on every EVP_sha1() init otherwise. */
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+static EVP_MD *sha1_md;
+static int sha1_init(EVP_MD_CTX *ctx) { return EVP_DigestInit_ex2(ctx, sha1_md, NULL); }
+static int sha1_fetch(void) { return (sha1_md = EVP_MD_fetch(NULL, "SHA1", NULL)) != NULL; }
+#else
+static int sha1_init(EVP_MD_CTX *ctx) { return EVP_DigestInit_ex(ctx, EVP_sha1(), NULL); }
+static int sha1_fetch(void) { return 1; }
+#endif
+
 static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"binary_sniff", "generated_sniff", "long_line", "mean_sample",
                             "mean_min_newlines", "markers", NULL};
@@ -202,7 +212,7 @@ static int blob_sha(const char *data, Py_ssize_t len, unsigned char out[20]) {
     int header_len = snprintf(header, sizeof header, "blob %zd", len) + 1; /* with the NUL */
     unsigned int size = 0;
     if (!sha_ctx && !(sha_ctx = EVP_MD_CTX_new())) return -1;
-    if (EVP_DigestInit_ex(sha_ctx, EVP_sha1(), NULL) != 1 ||
+    if (sha1_init(sha_ctx) != 1 ||
         EVP_DigestUpdate(sha_ctx, header, (size_t)header_len) != 1 ||
         EVP_DigestUpdate(sha_ctx, data, (size_t)len) != 1 || EVP_DigestFinal_ex(sha_ctx, out, &size) != 1)
         return -1;
@@ -442,7 +452,7 @@ static int is_val(const Run *run, Py_ssize_t tree, const char *path, Py_ssize_t 
     unsigned char digest[20];
     unsigned int size = 0;
     if (!sha_ctx && !(sha_ctx = EVP_MD_CTX_new())) return -1;
-    if (EVP_DigestInit_ex(sha_ctx, EVP_sha1(), NULL) != 1 ||
+    if (sha1_init(sha_ctx) != 1 ||
         EVP_DigestUpdate(sha_ctx, PyBytes_AS_STRING(prefix), (size_t)PyBytes_GET_SIZE(prefix)) != 1 ||
         EVP_DigestUpdate(sha_ctx, path, (size_t)path_len) != 1 || EVP_DigestFinal_ex(sha_ctx, digest, &size) != 1) {
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-1 failed");
@@ -787,5 +797,6 @@ PyMODINIT_FUNC PyInit__encode(void) {
     DUPLICATE = PyUnicode_InternFromString("duplicate");
     FIND_MATCHES = PyUnicode_InternFromString("find_matches_as_indexes");
     if (!DUPLICATE || !FIND_MATCHES) return NULL;
+    if (!sha1_fetch()) return PyErr_Format(PyExc_ImportError, "OpenSSL has no SHA-1");
     return PyModule_Create(&module);
 }

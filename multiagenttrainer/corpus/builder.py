@@ -66,7 +66,7 @@ def build_corpus(
     started = time.perf_counter()
     with garbage_collection_paused():
         plan = plan_corpus(snapshots, options)
-        progress.corpus_started(len(plan.items))
+        progress.corpus_started(plan.files())
         stats = CorpusStats(plan, snapshots)
         processes = choose_workers(plan, workers)
         with Assembly(paths, options.dedupe) as assembly:

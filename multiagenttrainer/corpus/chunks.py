@@ -24,7 +24,7 @@ from dulwich.repo import Repo
 
 from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.filters import content_skip_reason, decode_text
-from multiagenttrainer.corpus.plan import Item, TreeInfo
+from multiagenttrainer.corpus.plan import FileSpan, Item, TreeInfo
 from multiagenttrainer.corpus.secrets import SCANNER, TRIGGER_REQUIRES, Hits, redact_secrets
 
 
@@ -42,11 +42,12 @@ class ChunkSettings:
 
 @dataclass(frozen=True)
 class ChunkJob:
-    """One chunk of work: its items and every tree they point into."""
+    """One chunk of work: its items (or the span of a directory tree they are planned from) and every
+    tree they point into."""
 
     index: int
     trees: tuple[TreeInfo, ...]
-    items: list[Item]
+    items: list[Item] | FileSpan
     settings: ChunkSettings
 
 
@@ -255,9 +256,14 @@ def run_chunk(job: ChunkJob) -> ChunkOutput:
     """Process one chunk in memory (in a worker process, or in-process when there are no workers)."""
     output = ChunkOutput(ChunkResult(job.index))
     processor = ItemProcessor(job.settings, RecordEncoder(job.trees, output))
+    items = job.items
+    if isinstance(items, FileSpan):  # a directory tree's files, planned here
+        tree = items.tree
+        items, files = items.items(lambda reason, _is_dir: output.result.skip(tree, reason))
+        output.result.files += files - len(items)  # skipped by the path rules: looked at all the same
     with ExitStack() as stack:
         loaders: dict[int, Loader] = {}
-        for tree_index, run in groupby(job.items, key=itemgetter(0)):
+        for tree_index, run in groupby(items, key=itemgetter(0)):
             tree = job.trees[tree_index]
             if tree.kind == "dir" and processor.native is not None:
                 processor.process_dir_run(list(run))

@@ -12,7 +12,7 @@ import stat
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, groupby
 from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
@@ -24,9 +24,14 @@ from dulwich.objects import Commit, ObjectID, Tree
 from dulwich.repo import Repo
 
 from multiagenttrainer.config import CorpusConfig
-from multiagenttrainer.corpus.filters import name_skip_reason, path_skip_reason, pruned_dir_reason
+from multiagenttrainer.corpus.filters import (
+    VENDORED_DIRS,
+    name_skip_reason,
+    path_skip_reason,
+    pruned_dir_reason,
+)
 from multiagenttrainer.corpus.ignore import PathSelector
-from multiagenttrainer.corpus.walk import DirListing, list_directory, recent_listing, replay_files
+from multiagenttrainer.corpus.walk import DirListing, WalkEvent, list_directory, recent_listing, replay_files
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.sources.base import Snapshot
 from multiagenttrainer.sources.base import Tree as SourceTree
@@ -73,27 +78,91 @@ class Skips:
         counts[reason] = counts.get(reason, 0) + 1
 
 
+@dataclass(frozen=True)
+class FileSpan:
+    """A stretch of a directory tree's listing, events[start:stop], whose files are planned where the
+    chunk is processed (by a worker, in parallel) rather than up front."""
+
+    tree: int
+    events: list[WalkEvent]
+    start: int
+    stop: int
+    pruned: tuple[tuple[int, int], ...]  # vendored subtrees (event ranges) to leave out
+    options: ListOptions
+    selector: PathSelector
+
+    def items(self, on_skip: SkipHook) -> tuple[list[Item], int]:
+        """The span's files to read, and how many files it has (skipped ones included)."""
+        return plan_files(self, on_skip)
+
+
+@dataclass
+class DirFiles:
+    """The files of one directory tree, before their name and size rules, to be cut into spans."""
+
+    tree: int
+    events: list[WalkEvent]
+    ends: list[int]  # ends[i]: bytes of the files in events[0..i] that can be read
+    pruned: list[tuple[int, int]]
+    files: int
+    options: ListOptions
+    selector: PathSelector
+
+    def spans(self, max_bytes: int, max_events: int) -> Iterator[FileSpan]:
+        """Consecutive stretches of about max_bytes of files each, never starting inside a pruned subtree."""
+        ends, start, base = self.ends, 0, 0
+        while start < len(ends):
+            stop = min(bisect_left(ends, base + max_bytes, lo=start) + 1, start + max_events, len(ends))
+            for low, high in self.pruned:  # a pruned subtree is never cut in two
+                if low < stop < high:
+                    stop = high
+            inside = tuple(interval for interval in self.pruned if interval[0] < stop and interval[1] > start)
+            yield FileSpan(self.tree, self.events, start, stop, inside, self.options, self.selector)
+            start, base = stop, ends[stop - 1]
+
+
 @dataclass
 class CorpusPlan:
-    """Every tree, every file to read in corpus order, and what the path rules left out."""
+    """Every tree, every file to read in corpus order, and what the path rules left out.
+
+    Directory trees are listed by their walk and planned file by file only when their chunks are
+    processed (`dir_files`); git and docs trees are planned here, into `items`.
+    """
 
     trees: list[TreeInfo] = field(default_factory=list)
     items: list[Item] = field(default_factory=list)
     skips: list[Skips] = field(default_factory=list)  # per tree
+    dir_files: dict[int, DirFiles] = field(default_factory=dict)  # tree index -> its files
+
+    def files(self) -> int:
+        """Files the build will look at: progress counts these."""
+        return len(self.items) + sum(d.files for d in self.dir_files.values())
 
     def planned_bytes(self) -> int:
-        return sum(GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), self.items))
+        items = sum(GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), self.items))
+        return items + sum(d.ends[-1] for d in self.dir_files.values() if d.ends)
 
-    def chunks(self, max_bytes: int = CHUNK_BYTES, max_files: int = CHUNK_FILES) -> Iterator[list[Item]]:
-        """Consecutive runs of items of about max_bytes each (a run ends with the item that reaches it)."""
-        items = self.items
-        sizes = [GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), items)]
-        ends = list(accumulate(sizes))  # ends[i]: bytes of items[0..i]
-        start, base = 0, 0
-        while start < len(items):
-            stop = min(bisect_left(ends, base + max_bytes, lo=start) + 1, start + max_files, len(items))
-            yield items[start:stop]
-            start, base = stop, ends[stop - 1]
+    def chunks(
+        self, max_bytes: int = CHUNK_BYTES, max_files: int = CHUNK_FILES
+    ) -> Iterator[list[Item] | FileSpan]:
+        """The work in corpus order: runs of items of about max_bytes each (a run ends with the item
+        that reaches it), and spans of directory trees of about as many bytes."""
+        by_tree = {tree: list(group) for tree, group in groupby(self.items, key=itemgetter(0))}
+        for tree in range(len(self.trees)):
+            if tree in self.dir_files:
+                yield from self.dir_files[tree].spans(max_bytes, max_files)
+            else:
+                yield from _item_runs(by_tree.get(tree, []), max_bytes, max_files)
+
+
+def _item_runs(items: list[Item], max_bytes: int, max_files: int) -> Iterator[list[Item]]:
+    sizes = [GIT_BLOB_ESTIMATE if size < 0 else size for size in map(itemgetter(3), items)]
+    ends = list(accumulate(sizes))  # ends[i]: bytes of items[0..i]
+    start, base = 0, 0
+    while start < len(items):
+        stop = min(bisect_left(ends, base + max_bytes, lo=start) + 1, start + max_files, len(items))
+        yield items[start:stop]
+        start, base = stop, ends[stop - 1]
 
 
 @dataclass(frozen=True)
@@ -140,13 +209,64 @@ def _plan_dir_tree(
     selector: PathSelector,
     skips: Skips,
 ) -> None:
-    """What list_dir and plan_tree do together, in one loop: a large tree's plan is on the critical path."""
+    """A directory tree: its skipped entries are counted and its vendored subtrees found here; its
+    files are planned per span (plan_files), where the chunks are processed."""
+    events = dir_listing(tree, version).events
+    kinds = list(map(itemgetter(0), events))
+    readable = [
+        size if kind == "file" and size <= options.max_file_bytes else 0
+        for kind, size in zip(kinds, map(itemgetter(3), events), strict=True)
+    ]
+    pruned: list[tuple[int, int]] = []
+    resume = 0
+    for position in [i for i, kind in enumerate(kinds) if kind != "file"]:
+        if position < resume:
+            continue  # inside a vendored subtree: left out whole, nothing in it counted
+        event = events[position]
+        if event.kind == "skip":
+            skips.add(event.reason, event.is_dir)
+        elif options.skip_vendored and event.rel.rpartition("/")[2] in VENDORED_DIRS:
+            skips.add("vendored", True)
+            resume = _subtree_end(events, position)
+            pruned.append((position + 1, resume))
+            readable[position + 1 : resume] = [0] * (resume - position - 1)
+    files = kinds.count("file") - sum(kinds[low:high].count("file") for low, high in pruned)
+    plan.dir_files[index] = DirFiles(
+        index, events, list(accumulate(readable)), pruned, files, options, selector
+    )
+
+
+def _subtree_end(events: list[WalkEvent], position: int) -> int:
+    """The index after the last event below the directory at events[position] (they are contiguous)."""
+    prefix = events[position].rel + "/"
+    end = position + 1
+    while end < len(events) and events[end].rel.startswith(prefix):
+        end += 1
+    return end
+
+
+def plan_files(span: FileSpan, on_skip: SkipHook) -> tuple[list[Item], int]:
+    """The files of a span to read, applying the name, size and include/exclude rules; and how many
+    files the span has. One tight loop: it runs for every file of a large tree."""
     new_tuple = tuple.__new__
-    append = plan.items.append
-    skip = skips.add
+    items: list[Item] = []
+    append = items.append
+    options, selector, events, index = span.options, span.selector, span.events, span.tree
     limit, skip_generated, selecting = options.max_file_bytes, options.skip_generated, bool(selector)
-    for entry in replay_files(dir_listing(tree, version).events, options.skip_vendored, skip):
-        rel, ref, size = entry[1], entry[2], entry[3]
+    pruned = iter(span.pruned)
+    low, high = next(pruned, (span.stop, span.stop))
+    files = 0
+    position = span.start
+    while position < span.stop:
+        if position == low:  # a vendored subtree: left out whole
+            position = high
+            low, high = next(pruned, (span.stop, span.stop))
+            continue
+        kind, rel, ref, size = events[position][:4]
+        position += 1
+        if kind != "file":
+            continue
+        files += 1
         reason = name_skip_reason(rel[rel.rfind("/") + 1 :], skip_generated)
         if reason is None and (size == 0 or size > limit):
             reason = "empty" if size == 0 else "too_large"
@@ -156,7 +276,8 @@ def _plan_dir_tree(
             plain = rel.isascii() and "\n" not in rel and "\r" not in rel
             append(new_tuple(Item, (index, rel if plain else display_path(rel), ref, size)))
         else:
-            skip(reason, False)
+            on_skip(reason, False)
+    return items, files
 
 
 def list_git(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:

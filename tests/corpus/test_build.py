@@ -166,6 +166,39 @@ def test_same_inputs_give_byte_identical_corpora_with_or_without_workers(
     assert serial["secrets_by_rule"] == parallel["secrets_by_rule"] == {"secret-assignment": 1}
 
 
+@pytest.mark.parametrize("skip_vendored", [True, False])
+def test_directory_trees_planned_in_spans_give_the_same_corpus_however_they_are_cut(
+    make_tree: MakeTree, build: Build, tmp_path: Path, skip_vendored: bool
+) -> None:
+    """Spans of a directory listing are planned where their chunks run; vendored subtrees, skipped
+    entries and name rules must count once, wherever the cuts fall."""
+    files: dict[str, str | bytes] = {f"src/m{i:02d}.py": f"x = {i}\n" for i in range(30)}
+    files |= {f"src/vendor/lib{i}/v{j}.py": f"v = {i}{j}\n" for i in range(3) for j in range(4)}
+    files |= {f"web/node_modules/p{i}/index.js": f"n({i})\n" for i in range(5)}
+    files |= {"web/app.min.js": "a()\n", "web/yarn.lock": "x\n", "web/empty.js": "", "web/z.js": "z()\n"}
+    files |= {".gitignore": "*.log\nbuild/\n", "debug.log": "log\n", "build/out.js": "o()\n"}
+    files |= {"zz.py": "zz = 1\n"}
+    root = make_tree(files)
+    os.symlink("src/m00.py", root / "link.py")
+    options = {"skip_vendored": skip_vendored}
+    whole = build([dir_snapshot(root)], out=tmp_path / "whole", chunk_bytes=1 << 20, **options)
+    cut = build([dir_snapshot(root)], out=tmp_path / "cut", chunk_bytes=1, **options)
+    parallel = build([dir_snapshot(root)], out=tmp_path / "parallel", workers=2, chunk_bytes=7, **options)
+    for name in ("corpus.txt", "corpus.jsonl"):
+        reference = (tmp_path / "whole" / name).read_bytes()
+        assert (tmp_path / "cut" / name).read_bytes() == reference
+        assert (tmp_path / "parallel" / name).read_bytes() == reference
+    for stats in (cut, parallel):
+        assert stats["skipped"] == whole["skipped"] and stats["skipped_dirs"] == whole["skipped_dirs"]
+        assert stats["files"] == whole["files"] and stats["splits"] == whole["splits"]
+    assert whole["skipped"] == {"empty": 1, "ignored": 1, "lock_file": 1, "minified": 1, "symlink": 1}
+    if skip_vendored:
+        assert whole["skipped_dirs"] == {"ignored": 1, "vendored": 2}
+        assert whole["files"] == 33  # .gitignore is a file of the tree too
+    else:
+        assert whole["skipped_dirs"] == {"ignored": 1} and whole["files"] == 33 + 12 + 5
+
+
 def test_a_second_build_with_the_same_inputs_reuses_the_corpus(make_tree: MakeTree, tmp_path: Path) -> None:
     root = make_tree({"a.py": "a = 1\n"})
     target = tmp_path / "corpus" / "corpus.txt"

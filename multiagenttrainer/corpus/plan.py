@@ -1,9 +1,11 @@
 """Listing what the corpus will read: every tree of every snapshot, with the path rules applied.
 
-One lister per `Tree.kind` (a registry) yields the tree's files in order: sources in config
-order, trees in snapshot order, paths sorted within a tree (docs: in record order). Files are
-not read here; path rules (ignore files, globs, vendored and cache directories, lock files,
-generated and minified names, sizes known from the walk) decide what is left out early.
+Files come in corpus order: sources in config order, trees in snapshot order, paths sorted within
+a tree (docs: in record order). Files are not read here; path rules (ignore files, globs, vendored
+and cache directories, lock files, generated and minified names, sizes known from the walk) decide
+what is left out early. A lister per tree kind (a registry) lists git and docs trees file by file;
+a directory tree is listed by its walk and cut into spans whose files are planned where the chunk
+runs, in a worker (plan_files), so a large tree's plan is not on the critical path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from multiagenttrainer.corpus.filters import (
     pruned_dir_reason,
 )
 from multiagenttrainer.corpus.ignore import PathSelector
-from multiagenttrainer.corpus.walk import DirListing, WalkEvent, list_directory, recent_listing, replay_files
+from multiagenttrainer.corpus.walk import DirListing, WalkEvent, list_directory, recent_listing
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.sources.base import Snapshot
 from multiagenttrainer.sources.base import Tree as SourceTree
@@ -186,20 +188,6 @@ def dir_listing(tree: SourceTree, version: str) -> DirListing:
     return recent_listing(tree.path, version) or list_directory(Path(tree.path))
 
 
-def list_dir(tree: SourceTree, version: str, options: ListOptions, on_skip: SkipHook) -> Iterator[Listed]:
-    """A directory on disk, with the name and size rules applied; sizes known."""
-    for entry in replay_files(dir_listing(tree, version).events, options.skip_vendored, on_skip):
-        reason = name_skip_reason(entry.rel.rpartition("/")[2], options.skip_generated)
-        if reason is None and entry.size == 0:
-            reason = "empty"
-        if reason is None and entry.size > options.max_file_bytes:
-            reason = "too_large"
-        if reason:
-            on_skip(reason, False)
-        else:
-            yield entry.rel, entry.path, entry.size
-
-
 def _plan_dir_tree(
     plan: CorpusPlan,
     index: int,
@@ -342,11 +330,12 @@ def _doc_record(line: bytes, number: int, origin: str) -> tuple[str, str]:
     return str(record.get("path") or f"record-{number}"), text if isinstance(text, str) else ""
 
 
+# Trees whose files are listed here, one by one; directory trees are planned in spans (_plan_dir_tree).
 LISTERS: dict[str, Callable[[SourceTree, str, ListOptions, SkipHook], Iterator[Listed]]] = {
-    "dir": list_dir,
     "git": list_git,
     "docs": list_docs,
 }
+KINDS = ("dir", *LISTERS)
 
 
 def plan_corpus(snapshots: list[Snapshot], options: CorpusConfig) -> CorpusPlan:
@@ -370,17 +359,15 @@ def plan_tree(
     plan.trees.append(TreeInfo(snapshot.source, display_path(tree.repo), tree.kind, tree.path, tree.commit))
     skips = Skips()
     plan.skips.append(skips)
-    try:
-        lister = LISTERS[tree.kind]
-    except KeyError:
+    if tree.kind not in KINDS:
         raise CorpusError(
-            f"source {snapshot.source!r}: unknown tree kind {tree.kind!r}; valid: {', '.join(LISTERS)}"
-        ) from None
+            f"source {snapshot.source!r}: unknown tree kind {tree.kind!r}; valid: {', '.join(KINDS)}"
+        )
     try:
-        if tree.kind == "dir":  # the common case, in one tight loop: no selector, plain names
+        if tree.kind == "dir":
             _plan_dir_tree(plan, index, tree, snapshot.version, options, selector, skips)
             return
-        for path, ref, size in lister(tree, snapshot.version, options, skips.add):
+        for path, ref, size in LISTERS[tree.kind](tree, snapshot.version, options, skips.add):
             if selector and not selector.accepts(path):
                 skips.add("excluded")
             else:

@@ -5,7 +5,7 @@ The walk never enters VCS directories, tool caches or gitignored directories, ho
 nested .gitignore and `.git/info/exclude`, skips symlinks, and lists entries in sorted path order
 (each directory's entries sorted by their bytes, with directories as `name/`, which is git's tree
 order). It does enter vendored directories: whether those are read is a corpus option, so the
-fingerprint covers them, and the corpus build drops them when it replays the listing.
+fingerprint covers them, and the corpus plan drops them when it goes through the listing.
 
 The walk runs in C (`_walk`, native/walk.c) when that is built, 3-4x faster than the os.scandir
 loop kept here as the fallback; both give identical events and fingerprints. With a cache
@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,10 +27,9 @@ from typing import NamedTuple
 
 from multiagenttrainer.corpus import listing_cache
 from multiagenttrainer.corpus.accel import native_allowed
-from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS, VENDORED_DIRS
+from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS
 from multiagenttrainer.corpus.ignore import IgnoreFile, IgnoreStack, PathSelector, root_ignore_stack
 
-SkipHook = Callable[[str, bool], None]  # (reason, is_dir)
 LISTING_CACHE_SIZE = 2
 
 
@@ -170,23 +169,6 @@ def _sort_key(entry: os.DirEntry[str]) -> bytes:
     """git's order: the name's bytes (not its code points), a directory as `name/`."""
     name = os.fsencode(entry.name)
     return name + b"/" if entry.is_dir(follow_symlinks=False) else name
-
-
-def replay_files(events: list[WalkEvent], skip_vendored: bool, on_skip: SkipHook) -> Iterator[WalkEvent]:
-    """The files of a listing, reporting skips; vendored directories are dropped whole when asked."""
-    pruned = None  # the vendored directory (with a trailing slash) whose events are being dropped
-    for event in events:
-        if pruned is not None:
-            if event.rel.startswith(pruned):
-                continue
-            pruned = None
-        if event.kind == "file":
-            yield event
-        elif event.kind == "skip":
-            on_skip(event.reason, event.is_dir)
-        elif skip_vendored and event.rel.rpartition("/")[2] in VENDORED_DIRS:
-            on_skip("vendored", True)
-            pruned = event.rel + "/"
 
 
 @dataclass(frozen=True)

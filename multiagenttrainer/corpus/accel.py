@@ -1,15 +1,17 @@
 """The native corpus accelerators (C, compiled at install), or None where they could not be built.
 
-`encoder()` is the `_encode` module configured with the content-rule constants of filters.py, so
-those constants live in one place. The accelerators only ever decide the plain cases (a valid
-UTF-8 text file no rule applies to); everything else goes through the Python rules, which stay
-the reference, and the corpus is byte-identical either way.
+`walker()` is the gitignore-aware directory walk (walk.py uses it); `encoder()` the per-file work,
+configured with the content-rule constants of filters.py, so those constants live in one place.
+The encoder only ever decides the plain cases (a valid UTF-8 text file no rule applies to);
+everything else goes through the Python rules, which stay the reference, and the corpus is
+byte-identical either way.
 
 Set MAT_CORPUS_NATIVE=0 to build with the pure-Python paths (to compare, or to rule them out).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from functools import cache
 from types import ModuleType
@@ -25,23 +27,34 @@ def native_allowed() -> bool:
 
 
 @cache
-def _load_encoder() -> ModuleType | None:
+def _native_module(name: str) -> ModuleType | None:
+    """A compiled module of this package, or None when it was not built."""
     try:
-        from multiagenttrainer.corpus import _encode  # type: ignore[attr-defined]
+        return importlib.import_module(f"multiagenttrainer.corpus.{name}")
     except ImportError:
         return None
-    _encode.configure(
-        binary_sniff=filters.BINARY_SNIFF_BYTES,
-        generated_sniff=filters.GENERATED_SNIFF_BYTES,
-        long_line=filters.LONG_LINE_CHARS,
-        mean_sample=filters.MEAN_LINE_SAMPLE_BYTES,
-        mean_min_newlines=filters.MEAN_LINE_MIN_NEWLINES,
-        markers=filters.GENERATED_MARKER_HINTS,
-    )
-    module: ModuleType = _encode
+
+
+@cache
+def _configured_encoder() -> ModuleType | None:
+    module = _native_module("_encode")
+    if module is not None:
+        module.configure(
+            binary_sniff=filters.BINARY_SNIFF_BYTES,
+            generated_sniff=filters.GENERATED_SNIFF_BYTES,
+            long_line=filters.LONG_LINE_CHARS,
+            mean_sample=filters.MEAN_LINE_SAMPLE_BYTES,
+            mean_min_newlines=filters.MEAN_LINE_MIN_NEWLINES,
+            markers=filters.GENERATED_MARKER_HINTS,
+        )
     return module
 
 
 def encoder() -> ModuleType | None:
-    """The configured `_encode` module, or None when it is not built or turned off."""
-    return _load_encoder() if native_allowed() else None
+    """The configured `_encode` module (native/encode.c), or None when it is not built or turned off."""
+    return _configured_encoder() if native_allowed() else None
+
+
+def walker() -> ModuleType | None:
+    """The `_walk` module (native/walk.c), or None when it is not built or turned off."""
+    return _native_module("_walk") if native_allowed() else None

@@ -149,11 +149,9 @@ Loader = Callable[[Item], tuple[bytes, "bytes | None"]]  # item -> (data, blob S
 
 
 def dir_loader(tree: TreeInfo, settings: ChunkSettings, stack: ExitStack) -> Loader:
-    """Files on disk, read by path."""
-    native = accel.encoder() if settings.native else None
-    read = native.read_file if native is not None else read_file
+    """Files on disk, read by path (when the native encoder is off: it reads them itself otherwise)."""
     limit = settings.max_file_bytes
-    return lambda item: (read(str(item.ref), item.size, limit), None)
+    return lambda item: (read_file(str(item.ref), item.size, limit), None)
 
 
 def git_loader(tree: TreeInfo, settings: ChunkSettings, stack: ExitStack) -> Loader:

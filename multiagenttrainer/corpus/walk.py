@@ -20,13 +20,11 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
-from multiagenttrainer.corpus import listing_cache
-from multiagenttrainer.corpus.accel import native_allowed
+from multiagenttrainer.corpus import accel, listing_cache
 from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS
 from multiagenttrainer.corpus.ignore import IgnoreFile, IgnoreStack, PathSelector, root_ignore_stack
 
@@ -45,24 +43,9 @@ class WalkEvent(NamedTuple):
     is_dir: bool = False  # skips: a whole directory
 
 
-@cache
-def _load_native() -> ModuleType | None:
-    try:
-        from multiagenttrainer.corpus import _walk  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    module: ModuleType = _walk
-    return module
-
-
-def native_walker() -> ModuleType | None:
-    """The `_walk` extension, or None when it is not built or MAT_CORPUS_NATIVE turns it off."""
-    return _load_native() if native_allowed() else None
-
-
 def walk_events(root: Path) -> list[WalkEvent]:
     """Every entry of the tree under root as git sees it, in sorted path order."""
-    native = native_walker()
+    native = accel.walker()
     if native is None:
         return _walk_events_python(root)
     return _walk_native(native, str(Path(root).absolute()), "", False).events
@@ -193,7 +176,7 @@ def list_directory(
     directory (and the native walk), a snapshot of the walk is stored there for `directory_fingerprint`.
     """
     top = str(Path(root).absolute())
-    native = native_walker()
+    native = accel.walker()
     if native is None:
         events = _walk_events_python(Path(top))
         listing = DirListing(top, events, files_fingerprint(events, selector, salt))
@@ -230,7 +213,7 @@ def directory_fingerprint(
     """The fingerprint of list_directory; from the snapshot in cache_dir, without a walk, when nothing
     it recorded has changed."""
     top = str(Path(root).absolute())
-    native = native_walker()
+    native = accel.walker()
     usable = listing_cache.usable_cache(cache_dir, top)
     if native is not None and usable is not None:
         cached = listing_cache.cached_fingerprint(native, usable, top, selector, salt)

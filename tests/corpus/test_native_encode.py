@@ -103,16 +103,6 @@ def test_encode_leaves_prose_with_few_newlines_to_python(native: ModuleType) -> 
     assert content_skip_reason(paragraph, "bundle.js", LIMIT, True) == "minified"
 
 
-def test_read_file_reads_at_most_one_byte_past_the_limit(native: ModuleType, tmp_path: Path) -> None:
-    path = tmp_path / "big.txt"
-    path.write_bytes(b"a" * 100)
-    assert native.read_file(str(path), 100, 1000) == b"a" * 100
-    assert native.read_file(str(path), 10, 1000) == b"a" * 100  # grew since it was listed
-    assert native.read_file(str(path), 100, 50) == b"a" * 51
-    with pytest.raises(FileNotFoundError):
-        native.read_file(str(tmp_path / "gone.txt"), 1, 10)
-
-
 TRICKY_FILES: dict[str, str | bytes] = {
     "src/app.py": 'def main():\n    print("hi\\tthere")\n',
     "src/quotes.js": 'const s = "a \\"quoted\\" \\\\ path";\r\nconsole.log(s)\r\n',
@@ -215,18 +205,28 @@ def test_the_split_edges_agree(
     assert records and {r["split"] for r in records} == splits
 
 
-def test_a_file_that_vanishes_before_the_build_is_counted_unreadable(
+def test_files_that_change_between_the_listing_and_the_build(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The build reads what is there: a vanished file is counted unreadable, a grown one read whole
+    (up to the size limit, past which it is too large)."""
     from multiagenttrainer.config import CorpusConfig
     from multiagenttrainer.corpus import build_corpus
     from multiagenttrainer.corpus.walk import list_directory
 
-    root = write_tree(tmp_path / "tree", {"a.py": "a = 1\n", "b.py": "b = 2\n"})
-    listing = list_directory(root)  # the build replays this listing, which still names b.py
+    files = {"a.py": "a = 1\n", "b.py": "b = 2\n", "grows.py": "g = 1\n", "huge.py": "h = 1\n"}
+    root = write_tree(tmp_path / "tree", files)
+    listing = list_directory(root)  # the build goes through this listing, made before the changes
     os.unlink(root / "b.py")
-    monkeypatch.setenv(accel.DISABLE_VARIABLE, "1")
-    stats = build_corpus(
-        [dir_snapshot(root, version=listing.fingerprint)], CorpusConfig(), tmp_path / "out" / "corpus.txt"
-    )
-    assert stats["files"] == 1 and stats["skipped"] == {"unreadable": 1}
+    (root / "grows.py").write_text("g = 1\n" * 50)
+    (root / "huge.py").write_text("h = 1\n" * 500)
+    for setting in ("1", "0"):
+        monkeypatch.setenv(accel.DISABLE_VARIABLE, setting)
+        out = tmp_path / f"out-{setting}"
+        stats = build_corpus(
+            [dir_snapshot(root, version=listing.fingerprint)],
+            CorpusConfig(max_file_bytes=1000),
+            out / "corpus.txt",
+        )
+        assert stats["files"] == 2 and stats["skipped"] == {"too_large": 1, "unreadable": 1}
+        assert "g = 1\n" * 50 in (out / "corpus.txt").read_text()

@@ -12,7 +12,6 @@
  * buffer behind its header and escaped from there into corpus.jsonl's, with no Python object per
  * file but its SHA (the dedupe key) and its row in the chunk's columns.
  *
- *   read_file(path, expected, limit) -> bytes       at most limit + 1 bytes; OSError on failure
  *   encode(data, limit, skip_generated) -> (clean, escaped | None, sha | None)
  *   escape(data) -> bytes | None                    the JSON body of valid UTF-8, else None
  *   git_blob_sha(data) -> bytes                      SHA-1 of "blob <len>\0" + data
@@ -185,24 +184,6 @@ static Py_ssize_t read_into(Sink *sink, OpenDir *dir, const char *path, Py_ssize
     close(fd);
     sink->used += total;
     return total;
-}
-
-static PyObject *read_file(PyObject *self, PyObject *args) {
-    PyObject *path_obj, *result = NULL;
-    Py_ssize_t expected, limit;
-    if (!PyArg_ParseTuple(args, "O&nn", PyUnicode_FSConverter, &path_obj, &expected, &limit)) return NULL;
-    PyObject *array = PyByteArray_FromStringAndSize(NULL, 0);
-    if (array) {
-        Sink sink = sink_at_end(array);
-        if (read_into(&sink, NULL, PyBytes_AS_STRING(path_obj), expected, limit) < 0) {
-            if (!PyErr_Occurred()) PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
-        } else {
-            result = PyBytes_FromStringAndSize(PyByteArray_AS_STRING(array), sink.used);
-        }
-        Py_DECREF(array);
-    }
-    Py_DECREF(path_obj);
-    return result;
 }
 
 /* ------------------------------------------------------------------ SHA-1 */
@@ -775,7 +756,6 @@ static PyObject *retain_freed_memory(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "Set the content-rule constants (keyword-only; from filters.py)."},
-    {"read_file", read_file, METH_VARARGS, "read_file(path, expected, limit) -> at most limit + 1 bytes"},
     {"encode", encode, METH_VARARGS,
      "encode(data, limit, skip_generated) -> (clean, escaped JSON body or None, git blob SHA-1 or None)"},
     {"escape", escape, METH_O, "escape(data) -> the JSON string body of valid UTF-8 data, or None"},

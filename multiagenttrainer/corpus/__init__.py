@@ -5,10 +5,12 @@
 Modules, in the order data flows through them:
     ignore.py    .gitignore rules (git's semantics) and include/exclude globs
     walk.py      the git-aware directory walk, and the fingerprint local sources use as version
+    listing_cache.py  snapshots of a walk, so an unchanged tree is checked by stat, not walked
     filters.py   path and content rules, each a named skip reason
     plan.py      listing every tree (dir, git, docs) into the files to read
     secrets.py   secret redaction rules behind a literal pre-filter
     chunks.py    the per-file hot loop, run in worker processes
+    accel.py     the C accelerators (native/walk.c, native/encode.c) when they are built
     assemble.py  stitching chunks together in order, cross-chunk dedupe, atomic outputs
     stats.py     stats.json
     builder.py   build_corpus: reuse when unchanged, else plan, run chunks, assemble

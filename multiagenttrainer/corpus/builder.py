@@ -5,8 +5,9 @@ The build is skipped when stats.json beside the target already records the same 
 with the sizes it records: a second `mat ingest` with nothing changed costs a file read.
 
 Otherwise the plan (plan.py) is cut into chunks of about 1 MB that worker processes turn into
-corpus bytes (chunks.py, parallel.py) and write where this process places them, in corpus order
-(assemble.py). The same inputs give byte-identical corpus files for any number of workers.
+corpus bytes (chunks.py, parallel.py; directory trees in spans they plan themselves) and write
+where this process places them, in corpus order (assemble.py). The same inputs give
+byte-identical corpus files for any number of workers, with or without the native accelerators.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Turning a chunk of planned files into corpus bytes: the hot loop, run in worker processes.
 
 For each file: read it, apply the content rules, decode, dedupe within the chunk by git blob
-SHA-1, redact secrets, pick the split, and keep its corpus.txt and corpus.jsonl bytes in
-memory. The parent process decides, in corpus order, which records survive dedupe across
-chunks and where they go in the output files (assemble.py); `write_chunk` then writes them
-there, so the result is the same for any chunking and any number of workers.
+SHA-1, redact secrets, pick the split, and append its corpus.txt and corpus.jsonl bytes to the
+chunk's two buffers. Files on disk go through the native encoder (accel.py, native/encode.c) in
+runs: it does all of that in C and hands back to the Python rules here only the files they must
+decide (not plain UTF-8 text, a content rule that may apply, scanner hits that may be secrets).
+The parent process decides, in corpus order, which records survive dedupe across chunks and
+where they go in the output files (assemble.py); `write_chunk` then writes them there, so the
+result is the same for any chunking and any number of workers.
 """
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ def train(
     if not resume:
         corpus_path, notes = prepare_corpus(cfg, config_path, repos or [], corpus_dir)
     run_name = default_run_name(name, config_path)
-    request = RunRequest(cfg.autoresearch, training, run_name, runs_dir, corpus_path, resume)
+    request = RunRequest(cfg.autoresearch, training, run_name, runs_dir, corpus_path, resume, cfg.github)
     runner, workspace = setup_run(request)
     attach_run(runner, cfg)
     run_all_experiments(runner, workspace, max_experiments)

@@ -9,7 +9,7 @@ run state) handed from task to task inside one flow run, so results are never pe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,13 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from blocks.secrets import environment_with_secrets
 from multiagenttrainer import report
-from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
+from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
 from multiagenttrainer.experiments.loop import Loop
 from multiagenttrainer.experiments.run_state import RunState
 from multiagenttrainer.experiments.runner import Runner
-from multiagenttrainer.workspace.setup import Workspace
+from multiagenttrainer.workspace.setup import GITHUB_TOKEN_ENV, Workspace
 
 ARTIFACT_PREFIX = "mat"
 
@@ -37,6 +38,7 @@ class RunRequest:
     output_dir: Path
     corpus_path: str | None = None
     resume: str | None = None
+    github: GithubConfig = field(default_factory=GithubConfig)
 
 
 def artifact_key(kind: str, run_name: str) -> str:
@@ -53,7 +55,14 @@ def setup_run(request: RunRequest) -> tuple[Runner, Workspace]:
     """A new run with its workspace set up from the corpus, or the run `request.resume` reopened."""
     if request.resume:
         return Runner.resume(request.resume, request.output_dir)
-    runner = Runner(request.autoresearch, request.training, request.name, output_dir=request.output_dir)
+    runner = Runner(
+        request.autoresearch,
+        request.training,
+        request.name,
+        output_dir=request.output_dir,
+        github=request.github,
+        secrets=environment_with_secrets([GITHUB_TOKEN_ENV]),  # a private autoresearch fork
+    )
     return runner, runner.setup_workspace(str(request.corpus_path))
 
 

@@ -29,13 +29,13 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
 from multiagenttrainer.agents.base import Agent
-from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
+from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import Executor
 from multiagenttrainer.experiments.loop import (
@@ -58,7 +58,13 @@ from multiagenttrainer.experiments.run_state import (
     pid_alive,
 )
 from multiagenttrainer.workspace import gitops
-from multiagenttrainer.workspace.setup import RESULTS_FILE, Workspace, link_results, setup_workspace
+from multiagenttrainer.workspace.setup import (
+    RESULTS_FILE,
+    Workspace,
+    clone_credentials,
+    link_results,
+    setup_workspace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -253,9 +259,15 @@ class Runner:
         executor: Executor | None = None,
         on_result: ResultHook | Sequence[ResultHook] | None = None,
         options: LoopOptions | None = None,
+        github: GithubConfig | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
+        """`github` and `secrets` (the environment by default): GITHUB_TOKEN from `secrets` is sent when
+        cloning an autoresearch.repo on the GitHub host, for private forks."""
         self.autoresearch = autoresearch_cfg
         self.training = training_cfg
+        self.github = github or GithubConfig()
+        self.secrets = secrets
         self.name = name or DEFAULT_NAME
         self.output_dir = Path(output_dir if output_dir is not None else training_cfg.output_dir)
         self.agent = agent
@@ -300,8 +312,16 @@ class Runner:
         )
         self.state.save(run_dir)
         try:
+            credentials = clone_credentials(
+                self.autoresearch.repo, self.github, os.environ if self.secrets is None else self.secrets
+            )
             workspace = setup_workspace(
-                run_dir, Path(corpus_path), self.autoresearch, run_tag=run_dir.name, env=env
+                run_dir,
+                Path(corpus_path),
+                self.autoresearch,
+                run_tag=run_dir.name,
+                env=env,
+                credentials=credentials,
             )
         except BaseException as exc:
             self._finish("failed", str(exc))

@@ -38,7 +38,13 @@ from dulwich.repo import Repo
 from multiagenttrainer.config import AutoresearchConfig
 from multiagenttrainer.errors import ConfigError, ExperimentError
 from multiagenttrainer.processes import start_logged, stop_group
-from multiagenttrainer.sources.git import GitFetchError, clone_or_update, ls_remote, redact_url
+from multiagenttrainer.sources.git import (
+    GitCredentials,
+    GitFetchError,
+    clone_or_update,
+    ls_remote,
+    redact_url,
+)
 from multiagenttrainer.workspace.autoresearch_data import (
     SHARD_MAX_CHARS,
     chunk_chars_for,
@@ -200,11 +206,16 @@ def repo_location(repo: str) -> str:
     return str(path)
 
 
-def clone_workspace(location: str, branch: str, workspace: Path) -> str:
-    """Clone one branch of `location` into `workspace` as a work tree (depth 1); return the commit SHA."""
+def clone_workspace(
+    location: str, branch: str, workspace: Path, credentials: GitCredentials | None = None
+) -> str:
+    """Clone one branch of `location` into `workspace` as a work tree (depth 1); return the commit SHA.
+
+    `credentials` (a token for a private fork) go to the server only, never into the clone's config.
+    """
     where = redact_url(location)
     try:
-        refs, _ = ls_remote(location, None, CLONE_TIMEOUT_S)
+        refs, _ = ls_remote(location, credentials, CLONE_TIMEOUT_S)
     except GitFetchError as exc:
         raise clone_error(where, exc) from exc
     if f"refs/heads/{branch}".encode() not in refs:
@@ -214,7 +225,7 @@ def clone_workspace(location: str, branch: str, workspace: Path) -> str:
             f"(branches: {', '.join(heads[:10]) or 'none'}); set autoresearch.branch to one of them"
         )
     try:
-        _, sha = clone_or_update(location, workspace / ".git", branch, None, CLONE_TIMEOUT_S)
+        _, sha = clone_or_update(location, workspace / ".git", branch, credentials, CLONE_TIMEOUT_S)
     except GitFetchError as exc:
         raise clone_error(where, exc) from exc
     check_out(workspace)
@@ -332,13 +343,14 @@ def prepare_autoresearch_workspace(
     workspace: Path,
     run_dir: Path,
     *,
+    credentials: GitCredentials | None = None,
     shard_max_chars: int = SHARD_MAX_CHARS,
     tokenizer_timeout_s: float = TOKENIZER_TIMEOUT_S,
 ) -> AutoresearchSetup:
     """Clone autoresearch into `workspace`, fill a per-run cache with the corpus and retrain its tokenizer."""
     repo, program_md = check_settings(cfg, workspace)
     location = repo_location(repo)
-    commit = clone_into_empty(location, cfg.branch, workspace)
+    commit = clone_into_empty(location, cfg.branch, workspace, credentials)
     cache_dir = (run_dir / CACHE_SUBDIR).resolve()
     layout = edit_prepare(workspace, cache_dir, cfg.train_time)
     changed = ["prepare.py"]
@@ -394,11 +406,13 @@ def check_settings(cfg: AutoresearchConfig, workspace: Path) -> tuple[str, Path 
     return cfg.repo, program_md
 
 
-def clone_into_empty(location: str, branch: str, workspace: Path) -> str:
+def clone_into_empty(
+    location: str, branch: str, workspace: Path, credentials: GitCredentials | None = None
+) -> str:
     """clone_workspace, removing the workspace again when the clone fails, so a retry starts clean."""
     workspace.mkdir(parents=True, exist_ok=True)
     try:
-        return clone_workspace(location, branch, workspace)
+        return clone_workspace(location, branch, workspace, credentials)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise

@@ -18,7 +18,7 @@ import hashlib
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,9 +26,12 @@ from typing import Any, Literal
 import orjson
 import xxhash
 
-from multiagenttrainer.config import AutoresearchConfig
+from multiagenttrainer.config import AutoresearchConfig, GithubConfig
 from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
 from multiagenttrainer.experiments.results import ensure_header
+from multiagenttrainer.sources.base import SourceContext
+from multiagenttrainer.sources.git import GitCredentials
+from multiagenttrainer.sources.github_urls import github_credentials
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.builtin import render_template, write_builtin_data
 
@@ -214,13 +217,31 @@ def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, 
     return [sys.executable, "train.py"]
 
 
+GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
+
+
+def clone_credentials(
+    repo: str | None, github: GithubConfig, env: Mapping[str, str]
+) -> GitCredentials | None:
+    """GITHUB_TOKEN as credentials for autoresearch.repo (a private fork), only when the repository is on
+    the configured GitHub host, so the token never goes anywhere else."""
+    if not repo:
+        return None
+    return github_credentials(SourceContext(github=github, env=env), repo, GITHUB_TOKEN_ENV)
+
+
 def setup_autoresearch(
-    workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
+    workspace: Path,
+    corpus_jsonl: Path,
+    cfg: AutoresearchConfig,
+    branch: str,
+    run_dir: Path,
+    credentials: GitCredentials | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """Clone real autoresearch with the corpus injected, then branch; return its command and environment."""
     from multiagenttrainer.workspace.autoresearch import prepare_autoresearch_workspace
 
-    prepared = prepare_autoresearch_workspace(cfg, corpus_jsonl, workspace, run_dir)
+    prepared = prepare_autoresearch_workspace(cfg, corpus_jsonl, workspace, run_dir, credentials=credentials)
     for note in getattr(prepared, "notes", []):
         log.info("autoresearch workspace: %s", note)
     gitops.configure_repo(workspace)
@@ -235,15 +256,21 @@ def setup_workspace(
     *,
     run_tag: str,
     env: dict[str, str] | None = None,
+    credentials: GitCredentials | None = None,
 ) -> Workspace:
-    """Create `<run_dir>/workspace` on branch autoresearch/<run_tag> with a "baseline" commit."""
+    """Create `<run_dir>/workspace` on branch autoresearch/<run_tag> with a "baseline" commit.
+
+    `credentials`: for cloning autoresearch.repo when it is a private repository.
+    """
     run_dir = Path(run_dir).absolute()
     workspace = new_workspace_dir(run_dir)
     branch = branch_for(run_tag)
     corpus_jsonl = locate_corpus_jsonl(Path(corpus_path), run_dir / "corpus")
     base_env = {"PYTHONUNBUFFERED": "1"}
     if autoresearch_cfg.repo:
-        command, repo_env = setup_autoresearch(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
+        command, repo_env = setup_autoresearch(
+            workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir, credentials
+        )
         kind: WorkspaceKind = "autoresearch"
         base_env.update(repo_env)
     else:

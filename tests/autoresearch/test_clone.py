@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from multiagenttrainer.config import GithubConfig
+from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.workspace.autoresearch import clone_workspace, repo_location
+from multiagenttrainer.workspace.setup import clone_credentials
 from tests.autoresearch.conftest import BRANCH_MARKER, PublishedRepo
 from tests.git_sources.servers import GitDaemon, GitHttpServer, git
 
@@ -71,3 +74,37 @@ def test_relative_paths_are_made_absolute(
 def test_urls_are_kept_as_given() -> None:
     for url in ("https://github.com/karpathy/autoresearch", "git@github.com:karpathy/autoresearch.git"):
         assert repo_location(url) == url
+
+
+FORK_TOKEN = "ghp_privateFork0123456789abcdefghijklmn"
+
+
+def test_a_private_fork_on_the_github_host_is_cloned_with_github_token(
+    fake_autoresearch: PublishedRepo, served_root: Path, tmp_path: Path
+) -> None:
+    with GitHttpServer(served_root, token=FORK_TOKEN) as private:
+        url = f"{private.url}{SLUG_PATH}"
+        github = GithubConfig(web_url=private.url, api_url=private.url)
+        refused = tmp_path / "refused"
+        refused.mkdir()
+        with pytest.raises(ConfigError, match="authentication failed") as failure:
+            clone_workspace(url, "cpu", refused, clone_credentials(url, github, {}))
+        assert "GITHUB_TOKEN" in str(failure.value)
+
+        workspace = tmp_path / "workspace"
+        workspace.mkdir()
+        credentials = clone_credentials(url, github, {"GITHUB_TOKEN": FORK_TOKEN})
+        sha = clone_workspace(url, "cpu", workspace, credentials)
+
+    assert sha == fake_autoresearch.head("cpu")
+    assert FORK_TOKEN not in (workspace / ".git" / "config").read_text()
+    assert git("config", "remote.origin.url", cwd=workspace) == url
+
+
+def test_github_token_is_never_sent_to_another_host() -> None:
+    github = GithubConfig()  # github.com
+    env = {"GITHUB_TOKEN": FORK_TOKEN}
+    assert clone_credentials("https://github.com/me/autoresearch.git", github, env) is not None
+    assert clone_credentials("https://git.example.com/me/autoresearch.git", github, env) is None
+    assert clone_credentials("http://github.com/me/autoresearch.git", github, env) is None  # other scheme
+    assert clone_credentials(None, github, env) is None

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import re
+import shutil
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -162,6 +163,7 @@ class GithubOrg:
         """Clone or update every listed repository under `staging`; failures become warnings."""
         repos = self.list_repos()
         staging.mkdir(parents=True, exist_ok=True)
+        self._remove_departed(staging, repos)
         outcomes = self._for_each(repos, lambda repo: self._clone(repo, staging))
         trees = [
             Tree(repo=repo.full_name, kind="git", path=str(staging / repo.staging_name), commit=result)
@@ -183,6 +185,17 @@ class GithubOrg:
             exclude=list(self.cfg.exclude),
             warnings=warnings,
         )
+
+    def _remove_departed(self, staging: Path, repos: list[OrgRepo]) -> None:
+        """Remove the clones of repositories no longer listed (deleted, renamed, made private, or past
+        max_repos), so the staging directory does not keep growing. Only clone-shaped directories
+        (`owner__repo.git`) in this source's own staging directory are touched."""
+        listed = {repo.staging_name for repo in repos}
+        for entry in staging.iterdir():
+            name = entry.name
+            if name.endswith(".git") and "__" in name and name not in listed and entry.is_dir():
+                log.info("source %r: removing %s, no longer listed in the organisation", self.name, name)
+                shutil.rmtree(entry, ignore_errors=True)
 
     # ------------------------------------------------------------------ listing (GitHub API)
 

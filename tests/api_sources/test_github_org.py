@@ -249,6 +249,20 @@ def test_fetch_again_updates_the_existing_clone(make_org, git_org, tmp_path):
         assert clone.refs[b"HEAD"].decode() == new_sha
 
 
+def test_clones_of_repositories_no_longer_listed_are_removed(make_org, fake_github, git_org, tmp_path):
+    staging = tmp_path / "staging"
+    make_org().fetch(staging)
+    clones = ["acme__alpha.git", "acme__beta.git", "acme__gamma.git"]
+    assert sorted(p.name for p in staging.iterdir()) == clones
+    (staging / "notes.txt").write_text("not a clone\n")
+    fake_github.orgs["acme"] = [r for r in fake_github.orgs["acme"] if r.name != "beta"]  # beta left the org
+    snapshot = make_org().fetch(staging)
+    assert sorted(t.repo for t in snapshot.trees) == ["acme/alpha", "acme/gamma"]
+    assert sorted(p.name for p in staging.iterdir()) == ["acme__alpha.git", "acme__gamma.git", "notes.txt"]
+    make_org(max_repos=1).fetch(staging)  # past max_repos: gamma goes too
+    assert sorted(p.name for p in staging.iterdir()) == ["acme__alpha.git", "notes.txt"]
+
+
 def test_include_and_exclude_are_passed_on(make_org, git_org, tmp_path):
     snapshot = make_org(include=["*.py"], exclude=["tests/**"]).fetch(tmp_path)
     assert (snapshot.include, snapshot.exclude) == (["*.py"], ["tests/**"])

@@ -1,5 +1,8 @@
 """The `mat` command: parse arguments, load the config, call a flow or the library, render the result.
 
+The core commands live here; `mat server ...` in server.py, `mat finetune ...` in finetune.py, and what
+they all share in common.py.
+
 Prefect is imported only by the commands that run flows, after `configure_prefect_environment()`
 has pointed it at a running `mat server` (if any), so read-only commands stay fast.
 """
@@ -8,14 +11,25 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from multiagenttrainer import __version__
-from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.cli.common import (
+    ConfigOption,
+    JsonOption,
+    RepoOption,
+    err,
+    fail,
+    import_flows,
+    load_with_repos,
+    out,
+)
+from multiagenttrainer.cli.finetune import finetune_app
+from multiagenttrainer.cli.server import server_app
+from multiagenttrainer.config import load_config
 from multiagenttrainer.errors import ConfigError, MatError
 
 app = typer.Typer(
@@ -26,38 +40,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
-server_app = typer.Typer(help="Run a local Prefect server that later mat commands use.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(server_app, name="server")
-finetune_app = typer.Typer(
-    help="Fine-tune models on the corpus (open-source LoRA or Amazon Bedrock).", no_args_is_help=True
-)
 app.add_typer(finetune_app, name="finetune")
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", "-c", help="Config file (default: ./multiagenttrainer.yaml).", show_default=False
-    ),
-]
-RepoOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--repo", "-r", help="Extra repository, owner/repo or a git URL; repeatable.", show_default=False
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
-
-
-def fail(error: MatError) -> NoReturn:
-    """Print a MatError as red lines (no traceback) and exit with its code."""
-    lines = error.problems if isinstance(error, ConfigError) else [str(error)]
-    for line in lines:
-        err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
-    raise typer.Exit(error.exit_code)
 
 
 def version_callback(value: bool) -> None:
@@ -79,17 +64,6 @@ def main_options(
 
 
 # --------------------------------------------------------------------------- config
-
-
-def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
-    """The config file plus any `--repo` arguments as extra sources."""
-    from multiagenttrainer.sources.registry import repo_argument_to_source
-
-    cfg = load_config(config)
-    extra = [repo_argument_to_source(r, cfg.github) for r in repos or []]
-    if extra:
-        cfg = cfg.model_copy(update={"sources": [*cfg.sources, *extra]})
-    return cfg
 
 
 @config_app.command("validate")
@@ -248,26 +222,6 @@ def train_command(
     raise typer.Exit(0 if summary["status"] == "completed" else 1)
 
 
-def import_flows(name: str) -> Any:
-    """Import a flow module after pointing Prefect at a running mat server (or ephemeral mode)."""
-    import importlib
-
-    from multiagenttrainer.server import configure_prefect_environment
-
-    configure_prefect_environment()
-    module = importlib.import_module(f"flows.{name}")
-    if not verbose_logging():
-        importlib.import_module("flows").quiet_console_logging()
-    return module
-
-
-def verbose_logging() -> bool:
-    """Whether Prefect's own log lines should reach the terminal (PREFECT_LOGGING_LEVEL=DEBUG or INFO set)."""
-    import os
-
-    return os.environ.get("PREFECT_LOGGING_LEVEL", "").upper() in {"DEBUG", "INFO"}
-
-
 # --------------------------------------------------------------------------- status and watch
 
 OutputDirOption = Annotated[
@@ -323,175 +277,6 @@ def watch(
         raise typer.Exit(0) from None
 
 
-# --------------------------------------------------------------------------- server
-
-
-@server_app.command("start")
-def server_start(
-    port: Annotated[
-        int | None, typer.Option(help="Port on 127.0.0.1 (default 4200 or the next free one).")
-    ] = None,
-) -> None:
-    """Start a local Prefect server (SQLite, UI on) in the background."""
-    from multiagenttrainer.server import start_server
-
-    try:
-        info = start_server(port=port)
-    except MatError as exc:
-        fail(exc)
-    out.print(f"Prefect server running at {info.ui_url} (API {info.api_url}, pid {info.pid}).")
-    out.print("Later mat commands use it automatically; stop it with `mat server stop`.")
-
-
-@server_app.command("stop")
-def server_stop() -> None:
-    """Stop the local Prefect server started by `mat server start`."""
-    from multiagenttrainer.server import stop_server
-
-    try:
-        stopped = stop_server()
-    except MatError as exc:
-        fail(exc)
-    out.print("Prefect server stopped." if stopped else "No mat Prefect server was running.")
-
-
-@server_app.command("status")
-def server_status_command(as_json: JsonOption = False) -> None:
-    """Show whether the local Prefect server is running."""
-    from multiagenttrainer.server import server_status
-
-    info = server_status()
-    if as_json:
-        out.print_json(data=info.to_dict() if info else {"running": False})
-        return
-    if info is None:
-        out.print("No mat Prefect server is running; start one with `mat server start`.")
-        raise typer.Exit(1)
-    health = "healthy" if info.healthy else "not answering"
-    out.print(f"Prefect server {health} at {info.ui_url} (pid {info.pid}, up {info.uptime_s:.0f} s).")
-    if not info.healthy:
-        raise typer.Exit(1)
-
-
-# --------------------------------------------------------------------------- finetune
-
-
-@finetune_app.command("start")
-def finetune_start(
-    config: ConfigOption = None,
-    corpus: Annotated[
-        Path | None,
-        typer.Option("--corpus", help="corpus.jsonl to train on (default: <corpus.dir>/corpus.jsonl)."),
-    ] = None,
-    name: Annotated[
-        str | None, typer.Option("--name", "-n", help="Job name (default: the config file's name).")
-    ] = None,
-    target: Annotated[
-        str | None, typer.Option("--target", "-t", help="Run only this target of finetuner.targets.")
-    ] = None,
-) -> None:
-    """Start every fine-tuning target at once; waits for local ones, prints Bedrock job ARNs."""
-    from multiagenttrainer.errors import BackendError
-    from multiagenttrainer.finetune.display import FinetuneProgress
-    from multiagenttrainer.finetune.runner import check_targets, chosen_targets, corpus_or_error
-
-    try:
-        cfg = load_config(config)  # config, QLoRA and corpus problems stop here, before anything starts
-        check_targets(chosen_targets(cfg, target))
-        corpus_path = corpus_or_error(cfg, corpus)
-    except MatError as exc:
-        fail(exc)
-    flows_finetune = import_flows("finetune")
-    reporter = FinetuneProgress(err, enabled=err.is_terminal)
-    try:
-        with reporter:
-            summary = flows_finetune.run_finetune(
-                config_path=str(config) if config else None,
-                corpus=str(corpus_path),
-                name=name,
-                target=target,
-                on_progress=reporter,
-            )
-    except BackendError as exc:
-        print_job_lines(reporter_records(cfg, reporter))
-        fail(exc)
-    except MatError as exc:
-        fail(exc)
-    from multiagenttrainer.finetune.base import JobRecord
-
-    print_job_lines([JobRecord.from_dict(job) for job in summary["jobs"]])
-
-
-def reporter_records(cfg: Config, reporter: Any) -> list[Any]:
-    """The records of the jobs the progress display saw (to show what finished before a failure)."""
-    from multiagenttrainer.finetune.runner import list_jobs
-
-    seen = set(reporter.bars)
-    return [record for record in list_jobs(cfg) if record.id in seen]
-
-
-def print_job_lines(records: list[Any]) -> None:
-    """One line per job: target, status, and the adapter folder or the Bedrock ARN."""
-    for record in records:
-        where = record.external_id or record.output_path or ""
-        detail = f" ({record.error})" if record.error else ""
-        out.print(f"{record.target}: job {record.id} {record.status} {where}{detail}".rstrip())
-
-
-@finetune_app.command("list")
-def finetune_list(config: ConfigOption = None, as_json: JsonOption = False) -> None:
-    """Every fine-tuning job recorded under finetuner.jobs_dir."""
-    from multiagenttrainer.finetune.display import render_jobs_table
-    from multiagenttrainer.finetune.runner import list_jobs
-
-    try:
-        records = list_jobs(load_config(config))
-    except MatError as exc:
-        fail(exc)
-    if as_json:
-        out.print_json(data=[r.to_dict() for r in records])
-    elif not records:
-        out.print("No fine-tuning jobs yet; start one with `mat finetune start`.")
-    else:
-        render_jobs_table(out, records)
-
-
-@finetune_app.command("status")
-def finetune_status(
-    job_id: Annotated[str, typer.Argument(help="Job id (or Bedrock job ARN) from `mat finetune list`.")],
-    config: ConfigOption = None,
-    as_json: JsonOption = False,
-) -> None:
-    """One job's state; Bedrock jobs are refreshed from AWS."""
-    from multiagenttrainer.finetune.display import render_job
-    from multiagenttrainer.finetune.runner import status as job_status
-
-    try:
-        record = job_status(load_config(config), job_id)
-    except MatError as exc:
-        fail(exc)
-    if as_json:
-        out.print_json(data=record.to_dict())
-    else:
-        render_job(out, record)
-
-
-@finetune_app.command("cancel")
-def finetune_cancel(
-    job_id: Annotated[str, typer.Argument(help="Job id (or Bedrock job ARN) from `mat finetune list`.")],
-    config: ConfigOption = None,
-) -> None:
-    """Cancel a job: a local one stops at its next step (keeping a checkpoint), a Bedrock one is stopped."""
-    from multiagenttrainer.finetune.runner import cancel as cancel_job
-
-    try:
-        record = cancel_job(load_config(config), job_id)
-    except MatError as exc:
-        fail(exc)
-    state = "cancelled" if record.status == "cancelled" else f"{record.status}; stopping at its next step"
-    out.print(f"job {record.id}: {state}")
-
-
 # --------------------------------------------------------------------------- deploy
 
 
@@ -516,7 +301,7 @@ def deploy(
 
 def project_dir() -> Path:
     """The directory holding prefect.yaml, flows/ and tasks/ (the repository root)."""
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
@@ -526,7 +311,3 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,132 @@
+"""`mat finetune start|list|status|cancel`: fine-tuning jobs on the corpus, open-source or on Bedrock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from multiagenttrainer.cli.common import ConfigOption, JsonOption, err, fail, import_flows, out
+from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.errors import MatError
+
+finetune_app = typer.Typer(
+    help="Fine-tune models on the corpus (open-source LoRA or Amazon Bedrock).", no_args_is_help=True
+)
+
+
+@finetune_app.command("start")
+def finetune_start(
+    config: ConfigOption = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option("--corpus", help="corpus.jsonl to train on (default: <corpus.dir>/corpus.jsonl)."),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", "-n", help="Job name (default: the config file's name).")
+    ] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", "-t", help="Run only this target of finetuner.targets.")
+    ] = None,
+) -> None:
+    """Start every fine-tuning target at once; waits for local ones, prints Bedrock job ARNs."""
+    from multiagenttrainer.errors import BackendError
+    from multiagenttrainer.finetune.display import FinetuneProgress
+    from multiagenttrainer.finetune.runner import check_targets, chosen_targets, corpus_or_error
+
+    try:
+        cfg = load_config(config)  # config, QLoRA and corpus problems stop here, before anything starts
+        check_targets(chosen_targets(cfg, target))
+        corpus_path = corpus_or_error(cfg, corpus)
+    except MatError as exc:
+        fail(exc)
+    flows_finetune = import_flows("finetune")
+    reporter = FinetuneProgress(err, enabled=err.is_terminal)
+    try:
+        with reporter:
+            summary = flows_finetune.run_finetune(
+                config_path=str(config) if config else None,
+                corpus=str(corpus_path),
+                name=name,
+                target=target,
+                on_progress=reporter,
+            )
+    except BackendError as exc:
+        print_job_lines(reporter_records(cfg, reporter))
+        fail(exc)
+    except MatError as exc:
+        fail(exc)
+    from multiagenttrainer.finetune.base import JobRecord
+
+    print_job_lines([JobRecord.from_dict(job) for job in summary["jobs"]])
+
+
+def reporter_records(cfg: Config, reporter: Any) -> list[Any]:
+    """The records of the jobs the progress display saw (to show what finished before a failure)."""
+    from multiagenttrainer.finetune.runner import list_jobs
+
+    seen = set(reporter.bars)
+    return [record for record in list_jobs(cfg) if record.id in seen]
+
+
+def print_job_lines(records: list[Any]) -> None:
+    """One line per job: target, status, and the adapter folder or the Bedrock ARN."""
+    for record in records:
+        where = record.external_id or record.output_path or ""
+        detail = f" ({record.error})" if record.error else ""
+        out.print(f"{record.target}: job {record.id} {record.status} {where}{detail}".rstrip())
+
+
+@finetune_app.command("list")
+def finetune_list(config: ConfigOption = None, as_json: JsonOption = False) -> None:
+    """Every fine-tuning job recorded under finetuner.jobs_dir."""
+    from multiagenttrainer.finetune.display import render_jobs_table
+    from multiagenttrainer.finetune.runner import list_jobs
+
+    try:
+        records = list_jobs(load_config(config))
+    except MatError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(data=[r.to_dict() for r in records])
+    elif not records:
+        out.print("No fine-tuning jobs yet; start one with `mat finetune start`.")
+    else:
+        render_jobs_table(out, records)
+
+
+@finetune_app.command("status")
+def finetune_status(
+    job_id: Annotated[str, typer.Argument(help="Job id (or Bedrock job ARN) from `mat finetune list`.")],
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One job's state; Bedrock jobs are refreshed from AWS."""
+    from multiagenttrainer.finetune.display import render_job
+    from multiagenttrainer.finetune.runner import status as job_status
+
+    try:
+        record = job_status(load_config(config), job_id)
+    except MatError as exc:
+        fail(exc)
+    if as_json:
+        out.print_json(data=record.to_dict())
+    else:
+        render_job(out, record)
+
+
+@finetune_app.command("cancel")
+def finetune_cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id (or Bedrock job ARN) from `mat finetune list`.")],
+    config: ConfigOption = None,
+) -> None:
+    """Cancel a job: a local one stops at its next step (keeping a checkpoint), a Bedrock one is stopped."""
+    from multiagenttrainer.finetune.runner import cancel as cancel_job
+
+    try:
+        record = cancel_job(load_config(config), job_id)
+    except MatError as exc:
+        fail(exc)
+    state = "cancelled" if record.status == "cancelled" else f"{record.status}; stopping at its next step"
+    out.print(f"job {record.id}: {state}")

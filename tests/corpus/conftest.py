@@ -14,16 +14,7 @@ import pytest
 from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import build_corpus
 from multiagenttrainer.sources.base import Snapshot, Tree
-
-GIT_ENV = {
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "Fixture",
-    "GIT_AUTHOR_EMAIL": "fixture@example.com",
-    "GIT_COMMITTER_NAME": "Fixture",
-    "GIT_COMMITTER_EMAIL": "fixture@example.com",
-    "GIT_TERMINAL_PROMPT": "0",
-}
+from tests.git_sources.servers import GIT_ENV
 
 FileSpec = Mapping[str, "str | bytes"]
 

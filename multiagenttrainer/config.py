@@ -187,7 +187,8 @@ def target_field_map(backend_model: type[BaseModel]) -> dict[str, str]:
     mapping: dict[str, str] = {}
     for name, info in backend_model.model_fields.items():
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        for target_field in extra.get("target_fields", []) or []:
+        declared = extra.get("target_fields")
+        for target_field in declared if isinstance(declared, list) else []:
             mapping[str(target_field)] = name
     return mapping
 

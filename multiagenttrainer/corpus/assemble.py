@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from multiagenttrainer.atomic import write_atomically
+from multiagenttrainer.atomic import write_bytes_atomically
 from multiagenttrainer.corpus.chunks import ChunkResult, Placement
 from multiagenttrainer.errors import CorpusError
 
@@ -104,7 +104,7 @@ class Assembly:
         os.replace(self.txt_path, self.paths.txt)
         os.replace(self.jsonl_path, self.paths.jsonl)
         text = orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
-        write_atomically(self.paths.stats, lambda handle: handle.write(text))
+        write_bytes_atomically(self.paths.stats, text)
 
     def close(self) -> None:
         if not self.closed:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
-from multiagenttrainer.atomic import write_atomically
+from multiagenttrainer.atomic import write_bytes_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import TrainingConfig
 from multiagenttrainer.errors import ExperimentError
@@ -369,8 +369,7 @@ def read_agent_results(loop: Loop, before: str) -> list[ResultRow]:
 
 def restore_text(path: Path, text: str) -> None:
     """Rewrite a small file atomically (temp file + rename)."""
-    data = text.encode("utf-8")
-    write_atomically(path, lambda handle: handle.write(data))
+    write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def adopt_rows(loop: Loop, attempt: Attempt, rows: list[ResultRow], log_text: str) -> list[ExperimentResult]:

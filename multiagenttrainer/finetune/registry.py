@@ -7,7 +7,7 @@ overrides only the fields it declares.
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,20 @@ from multiagenttrainer.config import (
 from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.finetune.base import DEFAULT_TARGET, FineTuner, JobStore
 
-BACKENDS: dict[str, str] = {
-    "opensource": "multiagenttrainer.finetune.opensource:OpenSourceFineTuner",
-    "bedrock": "multiagenttrainer.finetune.bedrock:BedrockFineTuner",
-}
+
+def _opensource() -> type[FineTuner]:
+    from multiagenttrainer.finetune.opensource import OpenSourceFineTuner
+
+    return OpenSourceFineTuner
+
+
+def _bedrock() -> type[FineTuner]:
+    from multiagenttrainer.finetune.bedrock import BedrockFineTuner
+
+    return BedrockFineTuner
+
+
+BACKENDS: dict[str, Callable[[], type[FineTuner]]] = {"opensource": _opensource, "bedrock": _bedrock}
 
 TARGET_METADATA_FIELDS = frozenset({"name", "machine", "backend"})
 
@@ -44,13 +54,13 @@ class ResolvedTarget:
 def backend_class(backend: str) -> Any:
     """The FineTuner class registered for a backend name."""
     try:
-        module_name, class_name = BACKENDS[backend].split(":")
+        load = BACKENDS[backend]
     except KeyError:
         valid = ", ".join(BACKENDS)
         raise ConfigError(
             f"finetuner.backend: unknown backend {backend!r}; valid backends: {valid}"
         ) from None
-    return getattr(importlib.import_module(module_name), class_name)
+    return load()
 
 
 def backend_defaults(cfg: FinetunerConfig, backend: str) -> OpenSourceConfig | BedrockConfig:

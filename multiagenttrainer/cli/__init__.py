@@ -285,8 +285,16 @@ def deploy(
 ) -> None:
     """Create the work pool and register the deployments in prefect.yaml with the running server."""
     from multiagenttrainer.cli.prefect_server import configure_prefect_environment
+    from multiagenttrainer.errors import ServerError
 
-    configure_prefect_environment()
+    if configure_prefect_environment() is None:
+        fail(
+            ServerError(
+                "no Prefect server is running, and deployments registered with a throw-away one would "
+                "be lost: start one with `mat server start` (or set PREFECT_API_URL), then run "
+                "`mat deploy` again"
+            )
+        )
     from deployments.register import register_deployments
 
     try:

@@ -50,11 +50,14 @@ def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
 
 
 def prepare_prefect() -> None:
-    """Point Prefect at a running mat server (or ephemeral mode) before a flow module is imported,
-    and keep Prefect's own console lines off the terminal unless asked for."""
-    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
+    """Point Prefect at a server (starting mat's local one on first use) before a flow module is
+    imported, and keep Prefect's own console lines off the terminal unless asked for."""
+    from multiagenttrainer.cli.prefect_server import ensure_prefect_server
 
-    configure_prefect_environment()
+    try:
+        ensure_prefect_server(announce=lambda text: err.print(text, markup=False))
+    except MatError as exc:
+        fail(exc)
     import prefect.main  # noqa: F401  # sets up Prefect's logging, which quiet_console_logging then filters
 
     if not verbose_logging():

@@ -171,11 +171,14 @@ def still_running(state: RunState) -> bool:
 
 
 def stop_processes(workspace: Path) -> None:
-    """Kill whatever this run started: training commands and anything still running in the workspace."""
+    """Kill whatever this run started: training commands, anything still running in the workspace, and
+    what a killed mat left in its process scopes."""
     from multiagenttrainer.execution.local import terminate_processes_in, terminate_running_groups
+    from multiagenttrainer.processes import stop_orphaned_scopes
 
     terminate_running_groups()
     terminate_processes_in(workspace)
+    stop_orphaned_scopes()
 
 
 _active_runs: dict[int, tuple[threading.Event, Path]] = {}  # id -> (stop flag, workspace), for SIGTERM

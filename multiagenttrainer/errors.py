@@ -9,6 +9,7 @@
     ├── ServerError               the local Prefect server could not be started  -> exit code 1
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
+    ├── DiskFullError             a disk filled up; free space and run the command again -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
     │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
@@ -19,6 +20,8 @@ and messages never contain credentials.
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 
@@ -104,3 +107,33 @@ class TargetsFailed(BackendError):
 
 class NotificationError(MatError):
     """An alert could not be delivered; callers log it and carry on."""
+
+
+class DiskFullError(MatError):
+    """A write failed because its file system is full (ENOSPC, or a quota: EDQUOT)."""
+
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+MIN_FREE_BYTES = 64 << 20
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether an error is a full file system (or an exhausted quota)."""
+    return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS
+
+
+def disk_full_error(
+    error: OSError, where: str | os.PathLike[str], needed_bytes: int, then: str
+) -> DiskFullError:
+    """One line: which path, how much is free there, how much to free, and the command to run after."""
+    path = str(error.filename or where)
+    try:
+        usage = os.statvfs(where)
+        free = f"{usage.f_bavail * usage.f_frsize / 1e6:.0f} MB free"
+    except OSError:
+        free = "free space unknown"
+    needed = max(needed_bytes, MIN_FREE_BYTES)
+    return DiskFullError(
+        f"no space left on the device of {path} ({free}): free at least {needed / 1e6:.0f} MB there, "
+        f"then {then}"
+    )

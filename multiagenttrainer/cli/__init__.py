@@ -313,8 +313,14 @@ def project_dir() -> Path:
 
 def main() -> None:
     """Console-script entry point."""
+    from multiagenttrainer.errors import disk_full_error, is_disk_full
+
     try:
         app()
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        fail(disk_full_error(exc, Path.cwd(), 0, "run the command again"))

@@ -7,6 +7,7 @@ with a fixed identity ("mat <mat@localhost>"), without hooks or signing, and wit
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -49,6 +50,9 @@ def git_env() -> dict[str, str]:
     return {**os.environ, **identity, "GIT_TERMINAL_PROMPT": "0"}
 
 
+DISK_FULL_SIGNS = ("No space left on device", "Out of diskspace", "Disk quota exceeded")
+
+
 def run_git(workspace: Path, *args: str, stdin: bytes | None = None, check: bool = True) -> str:
     """Run `git <args>` in the workspace and return its stdout; raise ExperimentError on failure."""
     command = ["git", *_GIT_OPTIONS, *args]
@@ -62,6 +66,8 @@ def run_git(workspace: Path, *args: str, stdin: bytes | None = None, check: bool
         raise ExperimentError(f"`git {args[0]}` in {workspace} took over {GIT_TIMEOUT_S} s") from exc
     if check and done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
+        if any(sign in message for sign in DISK_FULL_SIGNS):  # the same failure as any other write
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(workspace))
         raise ExperimentError(f"`git {' '.join(args[:2])}` failed in {workspace}: {message}")
     return done.stdout.decode("utf-8", "surrogateescape")
 

@@ -194,13 +194,39 @@ def program_md_path(cfg: AutoresearchConfig) -> Path | None:
     return Path(cfg.program_md).expanduser() if cfg.program_md else None
 
 
+def train_command_for(kind: WorkspaceKind, workspace: Path) -> list[str]:
+    """How training runs in a workspace of this kind: derived again, never read back from run.json."""
+    if kind == "autoresearch":
+        from multiagenttrainer.workspace.autoresearch import choose_interpreter
+
+        return list(choose_interpreter(workspace).train)
+    return [sys.executable, "train.py"]
+
+
+def reopen_workspace(run_dir: Path, record: Mapping[str, Any]) -> Workspace:
+    """The workspace a run recorded, before anything runs in it again (run.json is not trusted): it is
+    always the run directory's own `workspace/` (so a moved run still resumes), of a known kind, and its
+    training command is derived again rather than taken from the file."""
+    try:
+        workspace = Workspace.from_dict({**record, "path": str(Path(run_dir).absolute() / WORKSPACE_DIR)})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExperimentError(f"{run_dir}/run.json: its workspace record is damaged ({exc})") from None
+    if workspace.kind not in ("builtin", "autoresearch"):
+        raise ExperimentError(
+            f"{run_dir}/run.json: unknown workspace kind {workspace.kind!r}; the file was changed, so the "
+            "run is not resumed"
+        )
+    workspace.train_command = train_command_for(workspace.kind, workspace.path)
+    return workspace
+
+
 def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str) -> list[str]:
     """Render the built-in template and its data into a new repository; return the training command."""
     gitops.init_repo(workspace, branch)
     render_template(workspace, cfg.train_time, program_md_path(cfg))
     stats = write_builtin_data(corpus_jsonl, workspace / "data")
     log.info("built-in workspace data: %s", stats)
-    return [sys.executable, "train.py"]
+    return train_command_for("builtin", workspace)
 
 
 GITHUB_TOKEN_ENV = "GITHUB_TOKEN"

@@ -73,10 +73,10 @@ def config_validate(
     ] = Path("multiagenttrainer.yaml"),
 ) -> None:
     """Check a config file against the schema (hosts and paths are not contacted)."""
-    from multiagenttrainer.config import parse_config_text
+    from multiagenttrainer.config import load_config_stream
 
     try:
-        cfg = parse_config_text(sys.stdin.read()) if str(path) == "-" else load_config(path)
+        cfg = load_config_stream(sys.stdin.buffer) if str(path) == "-" else load_config(path)
     except MatError as exc:
         fail(exc)
     counts = f"{len(cfg.sources)} sources, {len(cfg.machines)} machines, {len(cfg.finetuner.targets)} targets"

@@ -148,7 +148,8 @@ def ingest(
     else:
         render_ingest_summary(out, summary)
     for failure in summary.get("failures", []):
-        err.print(f"[red]failed:[/red] {failure['source']}: {failure['error']}")
+        label = "incomplete" if failure.get("partial") else "failed"
+        err.print(f"[red]{label}:[/red] {failure['source']}: {failure['error']}")
     raise typer.Exit(code)
 
 

@@ -71,6 +71,10 @@ CASES = {
         b"corpus:\n  max_file_bytes: 100000000000000000000000000000\n",
         "corpus.max_file_bytes: input should be less than or equal to 1073741824 ({f}:2)",
     ),
+    "markup": (
+        b'"[/bold]": 1\n',
+        "[/bold]: unknown field; check the spelling against configs/config.example.yaml ({f}:1)",
+    ),
     "duplicate": (
         b"training:\n  max_experiments: 3\n  max_experiments: 30\n",
         "training.max_experiments: duplicate key, already set on line 2; keep one of them ({f}:3)",

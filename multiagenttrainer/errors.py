@@ -4,7 +4,7 @@
     ├── ConfigError               the YAML or the command line is wrong          -> exit code 2
     ├── SourceError               one data source could not be fetched           -> exit code 1
     │   └── TransientSourceError  ...for a reason that may pass (network, 5xx, rate limit); retried
-    ├── IngestIncomplete          some sources failed; the corpus holds the rest  -> exit code 1
+    ├── IngestIncomplete          sources failed or came in part; corpus of the rest -> exit code 1
     ├── CorpusError               the corpus could not be built or read          -> exit code 1
     ├── ServerError               the local Prefect server could not be started  -> exit code 1
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
@@ -55,16 +55,19 @@ class TransientSourceError(SourceError):
 
 
 class IngestIncomplete(MatError):
-    """Some sources failed; the corpus was built from the others. `summary` is the ingest summary."""
+    """Some sources failed or came only in part; the corpus holds the rest. `summary`: the ingest's."""
 
     def __init__(self, summary: dict[str, Any]) -> None:
         self.summary = summary
         failures = summary.get("failures", [])
         total = len(summary.get("sources", [])) or len(failures)
-        lines = [f"{len(failures)} of {total} sources failed:"]
+        partial = sum(1 for failure in failures if failure.get("partial"))
+        counts = [f"{len(failures) - partial} of {total} sources failed"] if len(failures) > partial else []
+        counts += [f"{partial} of {total} sources were fetched only in part"] if partial else []
+        lines = ["; ".join(counts) + ":"]
         lines += [f"  {failure['source']}: {failure['error']}" for failure in failures]
         if summary.get("stats") is not None:
-            lines.append(f"The corpus in {summary.get('corpus_dir')} was built from the other sources.")
+            lines.append(f"The corpus in {summary.get('corpus_dir')} was built from what could be fetched.")
         else:
             lines.append("No corpus was written.")
         super().__init__("\n".join(lines))

@@ -26,6 +26,7 @@ from multiagenttrainer.cli.common import (
     load_with_repos,
     out,
     prepare_prefect,
+    warn,
 )
 from multiagenttrainer.cli.finetune import finetune_app
 from multiagenttrainer.cli.server import server_app
@@ -73,14 +74,14 @@ def config_validate(
     ] = Path("multiagenttrainer.yaml"),
 ) -> None:
     """Check a config file against the schema (hosts and paths are not contacted)."""
-    from multiagenttrainer.config import parse_config_text
+    from multiagenttrainer.config import load_config_stream
 
     try:
-        cfg = parse_config_text(sys.stdin.read()) if str(path) == "-" else load_config(path)
+        cfg = load_config_stream(sys.stdin.buffer) if str(path) == "-" else load_config(path)
     except MatError as exc:
         fail(exc)
     counts = f"{len(cfg.sources)} sources, {len(cfg.machines)} machines, {len(cfg.finetuner.targets)} targets"
-    out.print(f"{path}: valid ({counts})")
+    out.print(f"{path}: valid ({counts})", markup=False)
 
 
 # --------------------------------------------------------------------------- sources
@@ -148,7 +149,11 @@ def ingest(
     else:
         render_ingest_summary(out, summary)
     for failure in summary.get("failures", []):
-        err.print(f"[red]failed:[/red] {failure['source']}: {failure['error']}")
+        warn(
+            f"{failure['source']}: {failure['error']}",
+            "incomplete" if failure.get("partial") else "failed",
+            "red",
+        )
     raise typer.Exit(code)
 
 
@@ -215,7 +220,7 @@ def train_command(
             err.print(f"run directory: {reporter.run_dir}")
         fail(exc)
     for note in summary.get("notes", []):
-        err.print(f"[yellow]warning:[/yellow] {note}")
+        warn(note)
     out.print(f"run {summary['run_id']} {summary['status']}: {summary['run_dir']}")
     out.print(f"report: {summary['report']}")
     raise typer.Exit(0 if summary["status"] == "completed" else 1)

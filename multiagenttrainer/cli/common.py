@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import ConfigError, MatError
@@ -34,8 +35,13 @@ def fail(error: MatError) -> NoReturn:
     """Print a MatError as red lines (no traceback) and exit with its code."""
     lines = error.problems if isinstance(error, ConfigError) else [str(error)]
     for line in lines:
-        err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
+        warn(line, "error", "red")
     raise typer.Exit(error.exit_code)
+
+
+def warn(line: str, label: str = "warning", style: str = "yellow") -> None:
+    """`label: line` on stderr; the line is shown as written (it may quote a config, a server, a file)."""
+    err.print(f"[{style}]{label}:[/{style}] {escape(line)}", markup=True, highlight=False)
 
 
 def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:

@@ -10,6 +10,7 @@
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+    ├── ServeError                a model could not be loaded or served          -> exit code 1
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
 Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
@@ -87,6 +88,10 @@ class ExperimentError(MatError):
 
 class BackendError(MatError):
     """A fine-tuning backend failed or refused a request."""
+
+
+class ServeError(MatError):
+    """A model could not be loaded or served (`mat serve`, `mat finetune export`)."""
 
 
 class NotificationError(MatError):

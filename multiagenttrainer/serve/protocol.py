@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from multiagenttrainer.serve.engine import Completion, FinishReason
 
 MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256  # held-back text is checked against every stop at each token
 RequestT = TypeVar("RequestT", bound=BaseModel)
 OPENAI_DEFAULT_COMPLETION_TOKENS = 16  # what OpenAI's legacy completions endpoint generates by default
 
@@ -177,8 +178,10 @@ def check_common(request: GenerationRequest) -> None:
             raise unsupported(name, "penalties are not supported; leave it unset or 0")
     if request.logit_bias:
         raise unsupported("logit_bias", "logit_bias is not supported")
-    if len(stop_sequences(request)) > MAX_STOP_SEQUENCES:
-        raise ApiError(400, f"stop: at most {MAX_STOP_SEQUENCES} stop sequences", param="stop")
+    stops = stop_sequences(request)
+    if len(stops) > MAX_STOP_SEQUENCES or any(len(stop) > MAX_STOP_CHARS for stop in stops):
+        why = f"at most {MAX_STOP_SEQUENCES} stop sequences of up to {MAX_STOP_CHARS} characters each"
+        raise ApiError(400, f"stop: {why}", param="stop")
 
 
 def check_completion(request: CompletionRequest) -> None:

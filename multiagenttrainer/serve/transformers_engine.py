@@ -179,6 +179,7 @@ class TransformersEngine:
             else min(self.eos_ids, default=None)
         )
         self._lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()
         self._closing = threading.Event()
 
     @property
@@ -201,7 +202,8 @@ class TransformersEngine:
 
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids of the text; an empty prompt becomes the BOS token where there is one."""
-        ids: list[int] = self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+        with self._tokenizer_lock:  # a fast tokenizer may update its settings in place: one caller at a time
+            ids: list[int] = self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
         if not ids and self.tokenizer.bos_token_id is not None:
             ids = [self.tokenizer.bos_token_id]
         return ids

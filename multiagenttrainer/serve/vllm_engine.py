@@ -8,6 +8,8 @@ merged into a temporary copy of the base first and the child serves that, withou
 
 The child starts in a session of its own, with SIGTERM as its parent-death signal, logs to a file
 (its tail is shown when it fails to start), and is stopped with its whole process group on close.
+Linux sends the parent-death signal when the *thread* that started the child ends, so create the
+engine on a thread that lives as long as it (the main thread, as `mat serve` does).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -221,6 +224,7 @@ class VllmEngine:
 
         self.spec, self.workdir = spec, Path(tempfile.mkdtemp(prefix="mat-vllm-"))
         self.stopping = self.closed = False
+        self._tokenizer_lock = threading.Lock()
         self.process: subprocess.Popen[bytes] | None = None
         try:
             served = self.prepare_spec(spec)
@@ -285,7 +289,8 @@ class VllmEngine:
 
     def encode(self, text: str, special_tokens: bool = True) -> list[int]:
         """Token ids with the local copy of the model's tokenizer."""
-        ids: list[int] = self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+        with self._tokenizer_lock:  # a fast tokenizer may update its settings in place: one caller at a time
+            ids: list[int] = self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
         if not ids and self.tokenizer.bos_token_id is not None:
             ids = [self.tokenizer.bos_token_id]
         return ids

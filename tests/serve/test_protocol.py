@@ -60,6 +60,7 @@ def test_unknown_fields_are_ignored() -> None:
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 257}, "stop"),
     ],
 )
 def test_completion_options_this_server_does_not_implement(fields: dict[str, object], param: str) -> None:

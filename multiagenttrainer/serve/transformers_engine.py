@@ -284,6 +284,8 @@ class TransformersEngine:
                 stopping_criteria=[criteria],
                 streamer=streamer,
             )
+        if self._closing.is_set():  # cut short by a signal: say so rather than answer half a text
+            raise EngineUnavailable("the server is shutting down")
         generated: list[int] = output[0, len(prompt_ids) :].tolist()
         return generated
 

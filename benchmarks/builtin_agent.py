@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from multiagenttrainer.agents import AgentRequest, BuiltinSearchAgent  # noqa: E402
 from multiagenttrainer.config import load_config  # noqa: E402
-from multiagenttrainer.experiments.model import ExperimentResult  # noqa: E402
+from multiagenttrainer.history import ExperimentResult  # noqa: E402
 from multiagenttrainer.ingest import Ingester  # noqa: E402
 from multiagenttrainer.workspace.builtin import render_template, write_builtin_data  # noqa: E402
 from multiagenttrainer.workspace.summary import parse_run_summary  # noqa: E402

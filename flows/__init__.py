@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+
+from multiagenttrainer.config import Config, load_config
+
+
+def loaded_config(config: Config | str | Path | None) -> tuple[Config, str | None]:
+    """The config object and the file it came from: commands pass what they loaded, scripts may pass
+    a path (or nothing, for ./multiagenttrainer.yaml)."""
+    if isinstance(config, Config):
+        return config, None
+    return load_config(config), str(config) if config is not None else None
 
 
 class _DropPrefectRecords(logging.Filter):

@@ -1,26 +1,17 @@
-"""The `train` flow: ingest -> corpus -> workspace set-up -> one task per experiment -> report.
+"""The `train` flow: the train stage (multiagenttrainer/training.py) with Prefect tasks as its steps.
 
-Ingest runs as a subflow (cached, so unchanged sources cost almost nothing). If some sources fail
-but a corpus was written, training goes on and the summary notes it; without a corpus the flow
-fails. With `resume`, ingest and set-up are skipped and the run continues where results.tsv ends.
+Ingest runs as the `ingest` subflow (cached, so unchanged sources cost almost nothing); set-up, each
+experiment (`experiment-0` is the baseline) and the final report are task runs. A failed or crashed flow
+sends an SES alert when `notifications.ses` is configured, naming the run and linking the flow run.
 
-Experiments run one task each, in order (`experiment-0` is the baseline), and report.md is
-rewritten after each. A crashed experiment is a result: it sends an SES alert when
-`notifications.ses` is configured, and the run goes on. A failed or crashed flow sends one too,
-with a link to the flow run when a Prefect server is in use.
-
-`run_train` is what the CLI calls: it runs the flow in this process and reports progress to the
-caller's TrainProgress object.
+`run_train` is what the CLI calls: it runs the flow in this process with the config it already loaded
+and reports progress to the caller's TrainProgress object.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,55 +20,48 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.runtime import flow_run as current_flow_run
 from prefect.utilities.urls import url_for
 
+from flows import loaded_config
 from flows.ingest import in_process_settings, ingest
-from multiagenttrainer import report
 from multiagenttrainer.config import Config, expand_path, load_config
-from multiagenttrainer.errors import IngestIncomplete, MatError
-from multiagenttrainer.experiments.loop import ResultHook
-from multiagenttrainer.experiments.model import ExperimentResult
-from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, sigterm_stops
-from multiagenttrainer.notify import (
-    SesNotifier,
-    experiment_crash_alert,
-    make_notifier,
-    notify_safely,
-    run_failure_alert,
-)
-from multiagenttrainer.progress import NullTrainProgress, TrainProgress
+from multiagenttrainer.errors import MatError
+from multiagenttrainer.experiments.loop import Loop
+from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
+from multiagenttrainer.experiments.run_state import find_run_of_flow_run
+from multiagenttrainer.experiments.runner import Runner
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.notify import make_notifier, notify_safely, run_failure_alert
+from multiagenttrainer.training import TrainRequest, default_run_name, run_training, train_request
 from multiagenttrainer.workspace.setup import Workspace
-from tasks.train import RunRequest, run_experiment, setup_run, write_report
-
-log = logging.getLogger(__name__)
+from tasks import ProgressSlot
+from tasks.train import run_experiment, setup_run, write_report
 
 FAILURE_TAIL_LINES = 40
-_PROGRESS: ContextVar[TrainProgress | None] = ContextVar("mat_train_progress", default=None)
-_RUN_IDS: dict[str, str] = {}  # flow run id -> mat run id, so the failure hooks can name the run
+PROGRESS: ProgressSlot[TrainProgress] = ProgressSlot("mat_train_progress", NullTrainProgress)
 
 
-# --------------------------------------------------------------------------- progress
+# --------------------------------------------------------------------------- the stage's steps
 
 
-def current_progress() -> TrainProgress:
-    """The progress receiver of the run in this context, or one that ignores everything."""
-    return _PROGRESS.get() or NullTrainProgress()
+class PrefectTrainSteps:
+    """The train stage's steps as Prefect tasks, with ingest as the `ingest` subflow."""
 
+    def ingest(self, request: TrainRequest) -> dict[str, Any]:
+        summary: dict[str, Any] = ingest(
+            repos=list(request.repos) or None, corpus_dir=request.corpus_dir, config=request.config
+        )
+        return summary
 
-@contextmanager
-def reporting_progress(progress: TrainProgress | None) -> Iterator[None]:
-    """Send training progress events raised in this context to `progress`."""
-    token = _PROGRESS.set(progress)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
+    def setup(self, request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Workspace]:
+        return setup_run(request, corpus_dir)
+
+    def experiment(self, runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+        return run_experiment(runner, loop, experiment_id)
+
+    def report(self, runner: Runner) -> dict[str, str]:
+        return write_report(runner)
 
 
 # --------------------------------------------------------------------------- alerts
-
-
-def default_run_name(name: str | None, config_path: str | None) -> str:
-    """The name given, else the config file's stem (`quickstart`), else "run"."""
-    return name or (Path(config_path).stem if config_path else DEFAULT_NAME)
 
 
 def flow_run_url(flow_run_id: object) -> str | None:
@@ -100,122 +84,40 @@ def failure_text(state: State[Any]) -> tuple[str, str]:
     return error, "\n".join(lines[-FAILURE_TAIL_LINES:])
 
 
+def config_of(parameters: dict[str, Any]) -> Config:
+    """The flow run's config: the validated dict it was given in-process, or its config file."""
+    given = parameters.get("config")
+    if isinstance(given, dict):
+        return Config.model_validate(given)
+    return load_config(parameters.get("config_path"))
+
+
+def run_label(cfg: Config, flow_run: FlowRun, parameters: dict[str, Any]) -> str:
+    """The mat run the flow run drove (found through run.json), else what it resumed or its name."""
+    runs_dir = expand_path(parameters.get("output_dir") or cfg.training.output_dir)
+    state = find_run_of_flow_run(runs_dir, str(flow_run.id))
+    if state is not None:
+        return state.run_id
+    return parameters.get("resume") or default_run_name(parameters.get("name"), parameters.get("config_path"))
+
+
 def alert_run_failure(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
     """Flow hook (on_failure, on_crashed): e-mail the failure when notifications.ses is configured."""
     parameters = flow_run.parameters or {}
     try:
-        cfg = load_config(parameters.get("config_path"))
-    except MatError:
+        cfg = config_of(parameters)
+    except (MatError, ValueError):
         return  # a config that does not load cannot say where alerts go
     notifier = make_notifier(cfg.notifications)
     if notifier is None:
         return
-    label = (
-        _RUN_IDS.get(str(flow_run.id))
-        or parameters.get("resume")
-        or default_run_name(parameters.get("name"), parameters.get("config_path"))
-    )
     error, tail = failure_text(state)
-    subject, body = run_failure_alert(str(label), error, tail, flow_run_url(flow_run.id))
+    label = run_label(cfg, flow_run, parameters)
+    subject, body = run_failure_alert(label, error, tail, flow_run_url(flow_run.id))
     notify_safely(notifier, subject, body)
 
 
-def crash_alerts(notifier: SesNotifier, runner: Runner) -> ResultHook:
-    """An on_result hook that e-mails each crashed experiment, with its log's absolute path."""
-
-    def alert(result: ExperimentResult) -> None:
-        if result.status != "crash" or runner.state is None or runner.run_dir is None:
-            return
-        if result.log_path:
-            result = dataclasses.replace(result, log_path=str(runner.run_dir / result.log_path))
-        notify_safely(notifier, *experiment_crash_alert(runner.state, result))
-
-    return alert
-
-
-def progress_hook(progress: TrainProgress, runner: Runner) -> ResultHook:
-    """An on_result hook that reports each recorded experiment to `progress`."""
-
-    def report_result(result: ExperimentResult) -> None:
-        if runner.state is not None:
-            progress.experiment_finished(result, runner.state)
-
-    return report_result
-
-
-# --------------------------------------------------------------------------- stages
-
-
-def prepare_corpus(
-    cfg: Config, config_path: str | None, repos: list[str], corpus_dir: str | None
-) -> tuple[str, list[str]]:
-    """Ingest (a subflow) and return the corpus directory and notes; without sources, the existing corpus."""
-    if not cfg.sources and not repos:
-        directory = str(expand_path(corpus_dir or cfg.corpus.dir).resolve())
-        current_progress().corpus_ready(directory, "existing")
-        return directory, []
-    notes: list[str] = []
-    try:
-        summary: dict[str, Any] = ingest(config_path=config_path, repos=repos or None, corpus_dir=corpus_dir)
-    except IngestIncomplete as exc:
-        if exc.summary.get("stats") is None:
-            raise
-        summary = exc.summary
-        failed = ", ".join(f"{f['source']} ({f['error']})" for f in summary.get("failures", []))
-        notes.append(f"some sources failed and were left out of the corpus: {failed}")
-        log.warning("training on an incomplete corpus: %s", failed)
-    current_progress().corpus_ready(str(summary["corpus_dir"]), str(summary["corpus_status"]))
-    return str(summary["corpus_dir"]), notes
-
-
-def attach_run(runner: Runner, cfg: Config) -> None:
-    """Record the flow run in run.json and install the result hooks (progress, crash alerts)."""
-    assert runner.state is not None and runner.run_dir is not None
-    flow_run_id = current_flow_run.id
-    runner.state.flow_run_url = flow_run_url(flow_run_id)
-    runner.state.save(runner.run_dir)
-    if flow_run_id:
-        _RUN_IDS[str(flow_run_id)] = runner.state.run_id
-    progress = current_progress()
-    runner.hooks.append(progress_hook(progress, runner))
-    notifier = make_notifier(cfg.notifications)
-    if notifier is not None:
-        runner.hooks.append(crash_alerts(notifier, runner))
-    progress.run_started(runner.run_dir, runner.state)
-
-
-def run_all_experiments(runner: Runner, workspace: Workspace, max_experiments: int | None) -> None:
-    """One task per experiment until the run is complete; the run is ended in run.json either way."""
-    loop = runner.begin(workspace, max_experiments)
-    try:
-        with sigterm_stops(loop.stop, workspace.path):
-            while runner.has_next(loop):
-                run_experiment(runner, loop, len(loop.state.experiments))
-    except BaseException as exc:
-        runner.abort(loop, exc)
-        report.write_report(loop.run_dir, loop.state)  # the report shows how the run ended
-        raise
-    runner.end(loop, "completed")
-
-
-def run_summary(runner: Runner, files: dict[str, str], notes: list[str]) -> dict[str, Any]:
-    """What the flow returns: where the run is, how it ended, its best result."""
-    state = runner.state
-    assert state is not None
-    best, baseline = state.best, state.baseline
-    return {
-        "run_id": state.run_id,
-        "run_dir": str(runner.run_dir),
-        "status": state.status,
-        "experiments": state.done,
-        "max_experiments": state.max_experiments,
-        "baseline_val_bpb": baseline.val_bpb if baseline else None,
-        "best_val_bpb": best.val_bpb if best else None,
-        "best_commit": best.commit if best else None,
-        "flow_run_url": state.flow_run_url,
-        "notes": notes,
-        **files,
-    }
+# --------------------------------------------------------------------------- the flow
 
 
 def train_run_name() -> str:
@@ -224,9 +126,6 @@ def train_run_name() -> str:
     if parameters.get("resume"):
         return f"resume-{parameters['resume']}"
     return default_run_name(parameters.get("name"), parameters.get("config_path"))
-
-
-# --------------------------------------------------------------------------- flows
 
 
 @flow(
@@ -243,49 +142,52 @@ def train(
     repos: list[str] | None = None,
     resume: str | None = None,
     corpus_dir: str | None = None,
+    config: Config | None = None,
 ) -> dict[str, Any]:
-    """Ingest, set up a run, run its experiments (one task each) and write the report; returns a summary."""
-    cfg = load_config(config_path)
-    runs_dir = expand_path(output_dir or cfg.training.output_dir).resolve()
-    training = cfg.training.model_copy(
-        update={
-            "output_dir": str(runs_dir),
-            "max_experiments": max_experiments or cfg.training.max_experiments,
-        }
+    """Ingest, set up a run, run its experiments (one task each) and write the report; returns a summary.
+
+    `config` is the already-loaded config when the flow runs in-process; deployments pass `config_path`.
+    """
+    flow_run_id = current_flow_run.id
+    request = train_request(
+        config or load_config(config_path),
+        name=name,
+        config_path=config_path,
+        max_experiments=max_experiments,
+        output_dir=output_dir,
+        repos=repos or [],
+        resume=resume,
+        corpus_dir=corpus_dir,
+        flow_run_id=flow_run_id,
+        flow_run_url=flow_run_url(flow_run_id),
     )
-    notes: list[str] = []
-    corpus_path = None
-    if not resume:
-        corpus_path, notes = prepare_corpus(cfg, config_path, repos or [], corpus_dir)
-    run_name = default_run_name(name, config_path)
-    request = RunRequest(cfg.autoresearch, training, run_name, runs_dir, corpus_path, resume, cfg.github)
-    runner, workspace = setup_run(request)
-    attach_run(runner, cfg)
-    run_all_experiments(runner, workspace, max_experiments)
-    assert runner.run_dir is not None and runner.state is not None
-    files = write_report(runner.run_dir, runner.state)
-    return run_summary(runner, files, notes)
+    return run_training(request, PrefectTrainSteps(), PROGRESS.current())
 
 
 def run_train(
+    config: Config | str | Path | None = None,
+    *,
     config_path: str | Path | None = None,
     name: str | None = None,
     max_experiments: int | None = None,
     output_dir: str | Path | None = None,
-    repos: list[str] | None = None,
+    repos: Sequence[str] = (),
     resume: str | None = None,
     corpus_dir: str | Path | None = None,
     progress: TrainProgress | None = None,
 ) -> dict[str, Any]:
     """Run the train flow here with live progress; raises MatError (or KeyboardInterrupt) on failure."""
-    with reporting_progress(progress), in_process_settings():
+    cfg, loaded_from = loaded_config(config)
+    config_path = config_path or loaded_from
+    with PROGRESS.reporting(progress), in_process_settings():
         summary: dict[str, Any] = train(
             config_path=str(config_path) if config_path is not None else None,
             name=name,
             max_experiments=max_experiments,
             output_dir=str(output_dir) if output_dir is not None else None,
-            repos=list(repos) if repos else None,
+            repos=list(repos) or None,
             resume=resume,
             corpus_dir=str(corpus_dir) if corpus_dir is not None else None,
+            config=cfg,
         )
     return summary

@@ -15,7 +15,7 @@ from typing import IO, Any
 DEFAULT_MODE = 0o644  # mkstemp makes 0600 files; mat's outputs are meant to be read and shared
 
 
-def write_atomically(path: Path, write: Callable[[IO[bytes]], None], mode: int = DEFAULT_MODE) -> None:
+def write_atomically(path: Path, write: Callable[[IO[bytes]], object], mode: int = DEFAULT_MODE) -> None:
     """Let `write` fill a temp file beside `path`, fsync it, then rename it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -31,11 +31,11 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None], mode: int =
         raise
 
 
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` atomically."""
+    write_atomically(path, lambda handle: handle.write(data))
+
+
 def write_json_atomically(path: Path, data: Any) -> None:
     """Dump `data` as indented JSON to `path` atomically."""
-    text = json.dumps(data, indent=2).encode("utf-8")
-
-    def write_text(handle: IO[bytes]) -> None:
-        handle.write(text)
-
-    write_atomically(path, write_text)
+    write_bytes_atomically(path, json.dumps(data, indent=2).encode("utf-8"))

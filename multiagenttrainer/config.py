@@ -107,15 +107,6 @@ SourceConfig = Annotated[
     Field(discriminator="type"),
 ]
 
-SOURCE_TYPES = (
-    "local_repo",
-    "remote_repo",
-    "github_repo",
-    "github_org",
-    "github_repo_list",
-    "bedrock_knowledge_base",
-)
-
 
 # --------------------------------------------------------------------------- execution and machines
 
@@ -186,17 +177,33 @@ class NotificationsConfig(Model):
 # --------------------------------------------------------------------------- fine-tuning
 
 
+def set_by_targets(*target_fields: str) -> dict[str, Any]:
+    """Field metadata: the `finetuner.targets[]` fields that override this backend field."""
+    return {"target_fields": list(target_fields)}
+
+
+def target_field_map(backend_model: type[BaseModel]) -> dict[str, str]:
+    """target field -> backend field, as the backend's config model declares it (`set_by_targets`)."""
+    mapping: dict[str, str] = {}
+    for name, info in backend_model.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        declared = extra.get("target_fields")
+        for target_field in declared if isinstance(declared, list) else []:
+            mapping[str(target_field)] = name
+    return mapping
+
+
 class OpenSourceConfig(Model):
-    model_id: str = "meta-llama/Llama-3.2-1B"
+    model_id: str = Field("meta-llama/Llama-3.2-1B", json_schema_extra=set_by_targets("model_id"))
     output_dir: str = "./finetuned-models"
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
+    lora_r: int = Field(16, ge=1, json_schema_extra=set_by_targets("lora_r"))
+    lora_alpha: int = Field(32, ge=1, json_schema_extra=set_by_targets("lora_alpha"))
     lora_dropout: float = Field(0.05, ge=0, lt=1)
-    num_epochs: float = Field(3, gt=0)
-    batch_size: int = Field(4, ge=1)
-    use_4bit: bool = False
-    learning_rate: float = Field(2e-4, gt=0)
-    max_length: int = Field(2048, ge=8)
+    num_epochs: float = Field(3, gt=0, json_schema_extra=set_by_targets("num_epochs", "epochs"))
+    batch_size: int = Field(4, ge=1, json_schema_extra=set_by_targets("batch_size"))
+    use_4bit: bool = Field(False, json_schema_extra=set_by_targets("use_4bit"))
+    learning_rate: float = Field(2e-4, gt=0, json_schema_extra=set_by_targets("learning_rate"))
+    max_length: int = Field(2048, ge=8, json_schema_extra=set_by_targets("max_length"))
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     gradient_accumulation_steps: int = Field(1, ge=1)
     save_steps: int = Field(200, ge=1)
@@ -205,15 +212,17 @@ class OpenSourceConfig(Model):
 
 
 class BedrockConfig(Model):
-    base_model_id: str = "amazon.titan-text-lite-v1"
+    base_model_id: str = Field("amazon.titan-text-lite-v1", json_schema_extra=set_by_targets("model_id"))
     region: str | None = None
     role_arn: str | None = None
     output_s3_uri: str | None = None
     training_data_s3_uri: str | None = None
-    customization_type: Literal["CONTINUED_PRE_TRAINING", "FINE_TUNING"] = "CONTINUED_PRE_TRAINING"
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(1, ge=1)
-    learning_rate: float = Field(1e-5, gt=0)
+    customization_type: Literal["CONTINUED_PRE_TRAINING", "FINE_TUNING"] = Field(
+        "CONTINUED_PRE_TRAINING", json_schema_extra=set_by_targets("customization_type")
+    )
+    epochs: int = Field(1, ge=1, json_schema_extra=set_by_targets("epochs", "num_epochs"))
+    batch_size: int = Field(1, ge=1, json_schema_extra=set_by_targets("batch_size"))
+    learning_rate: float = Field(1e-5, gt=0, json_schema_extra=set_by_targets("learning_rate"))
 
 
 class FineTuneTarget(Model):
@@ -369,8 +378,8 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
     return _validate(data, lines, str(file))
 
 
-def parse_config_text(text: str, filename: str = "<string>") -> Config:
-    """Validate YAML text as a config (used by tests and `mat config validate -`)."""
+def parse_config_text(text: str, filename: str = "<stdin>") -> Config:
+    """Validate YAML text as a config (`mat config validate -` reads it from standard input)."""
     data, lines = parse_yaml_with_lines(text, filename)
     return _validate(data, lines, filename)
 

@@ -10,6 +10,7 @@
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+    │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
     ├── ServeError                a model could not be loaded or served          -> exit code 1
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
@@ -88,6 +89,18 @@ class ExperimentError(MatError):
 
 class BackendError(MatError):
     """A fine-tuning backend failed or refused a request."""
+
+
+class TargetsFailed(BackendError):
+    """Some fine-tuning targets failed; the others ran. `summary` holds every job's record."""
+
+    def __init__(self, summary: dict[str, Any], failures: list[str]) -> None:
+        self.summary = summary
+        self.failures = list(failures)
+        super().__init__("; ".join(self.failures))
+
+    def __reduce__(self) -> tuple[type[TargetsFailed], tuple[dict[str, Any], list[str]]]:
+        return (type(self), (self.summary, self.failures))  # Prefect pickles a failed flow's exception
 
 
 class ServeError(MatError):

@@ -13,8 +13,8 @@ from typing import Any
 
 from multiagenttrainer.config import NotificationsConfig, SesConfig
 from multiagenttrainer.errors import NotificationError
-from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.history import ExperimentResult
 
 log = logging.getLogger(__name__)
 

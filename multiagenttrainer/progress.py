@@ -1,13 +1,9 @@
-"""How long-running library calls report progress; the CLI renders it, tests record it."""
+"""How an ingest reports progress; the CLI renders it, tests record it. (Training runs report through
+`experiments/progress.py`.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from multiagenttrainer.experiments.model import ExperimentResult
-    from multiagenttrainer.experiments.run_state import RunState
+from typing import Protocol
 
 
 class IngestProgress(Protocol):
@@ -45,30 +41,4 @@ class NullProgress:
         pass
 
     def corpus_finished(self, reused: bool) -> None:
-        pass
-
-
-class TrainProgress(Protocol):
-    """Receives the events of a training run (`mat train`); implement every method."""
-
-    def corpus_ready(self, corpus_dir: str, status: str) -> None:
-        """The corpus to train on is in `corpus_dir`; `status` says how (built, reused, cached, existing)."""
-
-    def run_started(self, run_dir: Path, state: RunState) -> None:
-        """The run exists (new or resumed) and its experiments are about to start."""
-
-    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
-        """An experiment was recorded; `state` already holds it."""
-
-
-class NullTrainProgress:
-    """Ignores every training event."""
-
-    def corpus_ready(self, corpus_dir: str, status: str) -> None:
-        pass
-
-    def run_started(self, run_dir: Path, state: RunState) -> None:
-        pass
-
-    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         pass

@@ -19,8 +19,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.report import first_line
 
 

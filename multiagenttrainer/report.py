@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from multiagenttrainer.atomic import write_atomically
-from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.history import ExperimentResult
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "progress.png"

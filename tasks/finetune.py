@@ -24,9 +24,9 @@ def target_task_name(parameters: dict[str, object]) -> str:
 
 
 @task(name="finetune-target", task_run_name=target_task_name, cache_policy=NO_CACHE, retries=0)  # type: ignore[arg-type]
-def run_target(job: PlannedJob, corpus: str, name: str, jobs_dir: str) -> JobRecord:
+def run_target(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
     """Run one target (a local child process, or a Bedrock submission); fail when its job failed."""
-    record = run_planned(job, Path(corpus), name, JobStore(Path(jobs_dir)))
+    record = run_planned(job, corpus, name, store)
     if record.status == "failed":
         raise BackendError(f"target {job.target.name!r} (job {record.id}) failed: {record.error}")
     return record

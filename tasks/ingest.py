@@ -1,16 +1,17 @@
-"""Prefect tasks for ingest: resolve a source, fetch it, build the corpus. Thin wrappers over the library.
+"""Prefect steps of the ingest stage: resolve a source, fetch it, build the corpus.
 
-Task inputs are plain JSON (a source's config as a dict, paths as strings): each task re-creates
-its source from the registry, so inputs stay small and cache keys stay stable. Two custom cache
-policies make re-runs cheap without ever handing back something that is gone from disk:
+The stage itself (order, concurrency, failure rules) is `multiagenttrainer.ingest.run_ingest`; this
+module only supplies its steps as Prefect tasks (`PrefectSteps`), so each step is a task run in the UI
+with caching and the stage's one retry policy. Two custom cache policies make re-runs cheap without ever
+handing back something that is gone from disk:
 
 - fetch: keyed on the source's config, name, resolved version (commit SHA) and staging path; no
   key when the version is unknown or when the cached snapshot's trees no longer exist.
 - corpus: keyed on every snapshot, the corpus options, the output path and the current output
   files' sizes and mtimes; no key while an output file is missing.
 
-Progress events go to the object installed with `reporting_progress` (a context variable that
-Prefect's thread pool copies into task threads); progress never enters a task's inputs.
+Progress events go to the object installed with `reporting_progress` (a context variable copied into
+the stage's worker threads); progress never enters a task's inputs.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,39 +29,22 @@ from prefect.cache_policies import CachePolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.results import ResultStore
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 import multiagenttrainer
 from blocks.secrets import environment_with_secrets
-from multiagenttrainer import ingest as library
+from multiagenttrainer import ingest as stage
 from multiagenttrainer.config import CorpusConfig, GithubConfig, SourceConfig
-from multiagenttrainer.errors import TransientSourceError
 from multiagenttrainer.progress import IngestProgress, NullProgress
-from multiagenttrainer.sources import Snapshot, Source, SourceContext, make_source
+from multiagenttrainer.retry import SOURCE_RETRY
+from multiagenttrainer.snapshot import Snapshot, SourceContext
+from multiagenttrainer.sources.base import Source
+from multiagenttrainer.sources.registry import make_source
+from tasks import ProgressSlot
 
-RETRY_DELAYS_S = [1.0, 5.0]  # transient network errors: two more attempts, soon
 CORPUS_OUTPUTS = ("corpus.jsonl", "stats.json")  # written beside corpus.txt
 
-_SOURCE_CONFIG: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
-_PROGRESS: ContextVar[IngestProgress | None] = ContextVar("mat_ingest_progress", default=None)
-
-
-# --------------------------------------------------------------------------- progress hook
-
-
-def current_progress() -> IngestProgress:
-    """The progress receiver of the run in this context, or one that ignores everything."""
-    return _PROGRESS.get() or NullProgress()
-
-
-@contextmanager
-def reporting_progress(progress: IngestProgress | None) -> Iterator[None]:
-    """Send ingest progress events raised in this context (and task threads it starts) to `progress`."""
-    token = _PROGRESS.set(progress)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
+PROGRESS: ProgressSlot[IngestProgress] = ProgressSlot("mat_ingest_progress", NullProgress)
 
 
 # --------------------------------------------------------------------------- cache keys
@@ -74,8 +56,17 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def as_json(value: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
+    """A config section (a model, or its JSON form) as JSON data for a cache key."""
+    return value.model_dump(mode="json") if isinstance(value, BaseModel) else dict(value)
+
+
 def fetch_cache_key(
-    source_cfg: Mapping[str, Any], name: str, github: Mapping[str, Any], staging: str, version: str | None
+    source_cfg: SourceConfig | Mapping[str, Any],
+    name: str,
+    github: GithubConfig | Mapping[str, Any],
+    staging: str,
+    version: str | None,
 ) -> str | None:
     """The cache key of one fetch; None when the source cannot say what it would fetch.
 
@@ -83,7 +74,7 @@ def fetch_cache_key(
     """
     if version is None:
         return None
-    return "mat-fetch-" + digest(dict(source_cfg), name, dict(github), staging, version, os.getcwd())
+    return "mat-fetch-" + digest(as_json(source_cfg), name, as_json(github), staging, version, os.getcwd())
 
 
 def output_fingerprint(corpus_txt: str) -> list[list[Any]] | None:
@@ -100,7 +91,7 @@ def output_fingerprint(corpus_txt: str) -> list[list[Any]] | None:
 
 
 def corpus_cache_key(
-    snapshots: list[dict[str, Any]], options: Mapping[str, Any], corpus_txt: str
+    snapshots: list[dict[str, Any]], options: CorpusConfig | Mapping[str, Any], corpus_txt: str
 ) -> str | None:
     """The cache key of a corpus build; None while its output files are missing.
 
@@ -111,7 +102,7 @@ def corpus_cache_key(
     if fingerprint is None:
         return None
     ordered = sorted(snapshots, key=lambda snapshot: str(snapshot.get("source")))
-    return "mat-corpus-" + digest(ordered, dict(options), corpus_txt, fingerprint)
+    return "mat-corpus-" + digest(ordered, as_json(options), corpus_txt, fingerprint)
 
 
 def cached_snapshot_is_gone(store: ResultStore, key: str) -> bool:
@@ -155,33 +146,46 @@ class CorpusCachePolicy(CachePolicy):
 
 
 def retry_if_transient(task: Any, task_run: Any, state: State[Any]) -> bool:
-    """Retry only failures that may pass on their own (network errors, 5xx, rate limits)."""
-    return isinstance(state.result(raise_on_failure=False), TransientSourceError)
+    """Prefect's side of SOURCE_RETRY: retry only failures that may pass on their own."""
+    return SOURCE_RETRY.should_retry(state.result(raise_on_failure=False))
 
 
 # --------------------------------------------------------------------------- tasks
 
 
+_SOURCE_CONFIG: TypeAdapter[SourceConfig] = TypeAdapter(SourceConfig)
+
+
 def source_from_config(
-    source_cfg: Mapping[str, Any], name: str, github: Mapping[str, Any], staging: str | None = None
+    source_cfg: SourceConfig | Mapping[str, Any],
+    name: str,
+    github: GithubConfig | Mapping[str, Any],
+    staging: str | None,
 ) -> Source:
-    """Re-create a source adapter from its JSON config; a missing token may come from a Secret block."""
-    cfg = _SOURCE_CONFIG.validate_python(dict(source_cfg))
-    env = environment_with_secrets([getattr(cfg, "token_env", None)])
-    cache_dir = library.listings_dir(Path(staging)) if staging else None
-    return make_source(cfg, name, SourceContext(github=GithubConfig(**github), env=env, cache_dir=cache_dir))
+    """The source adapter (from the config model, or its JSON form when a task is called with JSON);
+    a token missing from the environment may come from a Secret block."""
+    if isinstance(source_cfg, Mapping):
+        source_cfg = _SOURCE_CONFIG.validate_python(dict(source_cfg))
+    if isinstance(github, Mapping):
+        github = GithubConfig.model_validate(dict(github))
+    env = environment_with_secrets([getattr(source_cfg, "token_env", None)])
+    cache_dir = stage.listings_dir(Path(staging)) if staging else None
+    return make_source(source_cfg, name, SourceContext(github=github, env=env, cache_dir=cache_dir))
 
 
 @task(
     name="resolve-source",
     task_run_name="resolve {name}",
-    retries=len(RETRY_DELAYS_S),
-    retry_delay_seconds=RETRY_DELAYS_S,
+    retries=SOURCE_RETRY.retries,
+    retry_delay_seconds=list(SOURCE_RETRY.delays_s),
     retry_condition_fn=retry_if_transient,
     persist_result=False,
 )
 def resolve_source(
-    source_cfg: dict[str, Any], name: str, github: dict[str, Any], staging: str | None = None
+    source_cfg: SourceConfig | Mapping[str, Any],
+    name: str,
+    github: GithubConfig | Mapping[str, Any],
+    staging: str | None = None,
 ) -> str | None:
     """What the source would fetch now (a commit SHA, a directory's fingerprint), or None when it
     cannot tell cheaply."""
@@ -193,27 +197,53 @@ def resolve_source(
     task_run_name="fetch {name}",
     cache_policy=FetchCachePolicy(),
     result_serializer="json",
-    retries=len(RETRY_DELAYS_S),
-    retry_delay_seconds=RETRY_DELAYS_S,
+    retries=SOURCE_RETRY.retries,
+    retry_delay_seconds=list(SOURCE_RETRY.delays_s),
     retry_condition_fn=retry_if_transient,
 )
 def fetch_source(
-    source_cfg: dict[str, Any], name: str, github: dict[str, Any], staging: str, version: str | None
+    source_cfg: SourceConfig | Mapping[str, Any],
+    name: str,
+    github: GithubConfig | Mapping[str, Any],
+    staging: str,
+    version: str | None,
 ) -> dict[str, Any]:
     """Fetch one source into its staging directory and return its snapshot as a dict."""
     source = source_from_config(source_cfg, name, github, staging)
-    return library.fetch_source(source, Path(staging)).to_dict()
+    return stage.fetch_source(source, Path(staging)).to_dict()
 
 
 @task(name="build-corpus", cache_policy=CorpusCachePolicy(), result_serializer="json")
-def build_corpus(snapshots: list[dict[str, Any]], options: dict[str, Any], corpus_txt: str) -> dict[str, Any]:
+def build_corpus(snapshots: list[dict[str, Any]], options: CorpusConfig, corpus_txt: str) -> dict[str, Any]:
     """Write corpus.txt, corpus.jsonl and stats.json from the snapshots; return the stats."""
-    from multiagenttrainer.corpus import build_corpus as build
+    built = stage.build_corpus_files([Snapshot.from_dict(s) for s in snapshots], options, PROGRESS.current())
+    return built.stats
 
-    stats: dict[str, Any] = build(
-        [Snapshot.from_dict(snapshot) for snapshot in snapshots],
-        CorpusConfig(**options),
-        Path(corpus_txt),
-        progress=current_progress(),
-    )
-    return stats
+
+# --------------------------------------------------------------------------- the stage's steps
+
+
+class PrefectSteps:
+    """The ingest stage's steps as Prefect tasks: cached, retried, visible as task runs."""
+
+    def resolve(self, job: stage.SourceJob, plan: stage.IngestPlan) -> str | None:
+        version: str | None = resolve_source(job.config, job.name, plan.github, str(plan.staging))
+        return version
+
+    def fetch(self, job: stage.SourceJob, plan: stage.IngestPlan, version: str | None) -> stage.Fetched:
+        state = fetch_source(job.config, job.name, plan.github, str(plan.staging), version, return_state=True)
+        snapshot = Snapshot.from_dict(state.result())
+        return stage.Fetched(snapshot, cached=state.name == "Cached")
+
+    def build(
+        self, snapshots: list[Snapshot], plan: stage.IngestPlan, progress: IngestProgress
+    ) -> stage.Built:
+        dicts = [s.to_dict() for s in snapshots]
+        with PROGRESS.reporting(progress):
+            state = build_corpus(dicts, plan.corpus, str(plan.corpus_txt), return_state=True)
+        stats: dict[str, Any] = state.result()
+        if state.name != "Cached":
+            return stage.Built(stats, "reused" if stats.get("reused") else "built")
+        progress.corpus_started(stats.get("files"))  # the builder did not run: report for it
+        progress.corpus_finished(reused=True)
+        return stage.Built({**stats, "reused": True}, "cached")

@@ -1,7 +1,8 @@
-"""Prefect tasks for a training run: set the run up, run one experiment, write the report.
+"""Prefect steps of the train stage: set the run up, run one experiment, write the report.
 
-Thin wrappers over `multiagenttrainer.experiments.runner.Runner` and `multiagenttrainer.report`.
-None of them is cached or retried: a run directory is created once, and a crashed training run is
+The stage itself (order, failure rules, resume) is `multiagenttrainer.training.run_training`; the
+`train` flow hands it these tasks as its steps (flows/train.py).
+None of the tasks is cached or retried: a run directory is created once, and a crashed training run is
 a recorded result, not a task failure. The Runner and its Loop are live objects (agent, executor,
 run state) handed from task to task inside one flow run, so results are never persisted.
 """
@@ -9,9 +10,7 @@ run state) handed from task to task inside one flow run, so results are never pe
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -19,26 +18,14 @@ from prefect.cache_policies import NO_CACHE
 
 from blocks.secrets import environment_with_secrets
 from multiagenttrainer import report
-from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
 from multiagenttrainer.experiments.loop import Loop
 from multiagenttrainer.experiments.run_state import RunState
 from multiagenttrainer.experiments.runner import Runner
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.training import TrainRequest, open_run, report_files
 from multiagenttrainer.workspace.setup import GITHUB_TOKEN_ENV, Workspace
 
 ARTIFACT_PREFIX = "mat"
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What `setup_run` needs: a new run (config sections, name, corpus) or the id of one to resume."""
-
-    autoresearch: AutoresearchConfig
-    training: TrainingConfig
-    name: str
-    output_dir: Path
-    corpus_path: str | None = None
-    resume: str | None = None
-    github: GithubConfig = field(default_factory=GithubConfig)
 
 
 def artifact_key(kind: str, run_name: str) -> str:
@@ -51,19 +38,9 @@ def artifact_key(kind: str, run_name: str) -> str:
 
 
 @task(name="setup-run", cache_policy=NO_CACHE, persist_result=False)
-def setup_run(request: RunRequest) -> tuple[Runner, Workspace]:
+def setup_run(request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Workspace]:
     """A new run with its workspace set up from the corpus, or the run `request.resume` reopened."""
-    if request.resume:
-        return Runner.resume(request.resume, request.output_dir)
-    runner = Runner(
-        request.autoresearch,
-        request.training,
-        request.name,
-        output_dir=request.output_dir,
-        github=request.github,
-        secrets=environment_with_secrets([GITHUB_TOKEN_ENV]),  # a private autoresearch fork
-    )
-    return runner, runner.setup_workspace(str(request.corpus_path))
+    return open_run(request, corpus_dir, environment_with_secrets([GITHUB_TOKEN_ENV]))
 
 
 @task(
@@ -72,17 +49,13 @@ def setup_run(request: RunRequest) -> tuple[Runner, Workspace]:
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def run_experiment(runner: Runner, loop: Loop, experiment_id: int) -> list[dict[str, Any]]:
-    """Run the run's next experiment (`experiment_id`), record it and rewrite report.md and progress.png."""
-    results = runner.step(loop)
-    report.write_report(loop.run_dir, loop.state)
-    return [result.to_dict() for result in results]
+def run_experiment(runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+    """Run the run's next experiment (`experiment_id`) and record it."""
+    return runner.step(loop)
 
 
-@task(name="write-report", cache_policy=NO_CACHE, persist_result=False)
-def write_report(run_dir: Path, state: RunState) -> dict[str, str]:
-    """Write report.md and progress.png, and publish them as markdown and table artifacts."""
-    report_path, plot_path = report.write_report(run_dir, state)
+def publish_artifacts(run_dir: Path, state: RunState, plot_path: str) -> None:
+    """The report as a markdown artifact and the experiments as a table artifact."""
     markdown = report.render_report_markdown(state).replace(
         f"![val_bpb per experiment]({report.PLOT_FILE})", f"Files: `{run_dir}` (plot: `{plot_path}`)"
     )
@@ -96,4 +69,12 @@ def write_report(run_dir: Path, state: RunState) -> dict[str, str]:
         table=report.results_table(state),
         description=f"Experiments of training run {state.run_id}",
     )
-    return {"report": str(report_path), "plot": str(plot_path)}
+
+
+@task(name="write-report", cache_policy=NO_CACHE, persist_result=False)
+def write_report(runner: Runner) -> dict[str, str]:
+    """Write report.md and progress.png, and publish them as markdown and table artifacts."""
+    files = report_files(runner)
+    assert runner.run_dir is not None and runner.state is not None
+    publish_artifacts(runner.run_dir, runner.state, files["plot"])
+    return files

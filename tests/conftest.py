@@ -35,7 +35,7 @@ def prefect_api() -> Iterator[str]:
     from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from multiagenttrainer import server
+    from multiagenttrainer.cli import prefect_server as server
 
     info = server.start_server(timeout_s=SERVER_START_TIMEOUT_S)
     os.environ["PREFECT_API_URL"] = info.api_url

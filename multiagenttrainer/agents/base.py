@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.history import ExperimentResult
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from multiagenttrainer.agents.base import AgentOutcome, AgentRequest
-from multiagenttrainer.agents.constants import (
+from multiagenttrainer.agents.hyperparameter_edits import (
     Constant,
     Number,
     Value,
@@ -36,7 +36,7 @@ from multiagenttrainer.agents.constants import (
     replace_literal,
 )
 from multiagenttrainer.agents.search_space import Assignment, RuleEntry, rule_for, violated_constraints
-from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.history import ExperimentResult
 
 log = logging.getLogger(__name__)
 

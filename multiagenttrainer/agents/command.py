@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from multiagenttrainer.agents.base import AgentOutcome, AgentRequest
-from multiagenttrainer.agents.constants import (
+from multiagenttrainer.agents.hyperparameter_edits import (
     changed_constants,
     describe_change,
     parse_constants,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from multiagenttrainer.errors import ConfigError
-from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.history import ExperimentResult
 
 DESCRIPTION_FILE = ".mat-description"  # the agent's one-line description of its change (git-ignored)
 MAX_TABLE_ROWS = 40  # beyond this, older discarded and crashed rows are summarised in one line

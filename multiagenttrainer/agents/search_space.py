@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from multiagenttrainer.agents.constants import Number, Value, round_significant
+from multiagenttrainer.agents.hyperparameter_edits import Number, Value, round_significant
 
 # Seeds, evaluation settings and speed-measurement constants change the score's meaning, not the model.
 SKIPPED = re.compile(

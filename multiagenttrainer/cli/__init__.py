@@ -23,15 +23,15 @@ from multiagenttrainer.cli.common import (
     RepoOption,
     err,
     fail,
-    import_flows,
     load_with_repos,
     out,
+    prepare_prefect,
 )
 from multiagenttrainer.cli.finetune import finetune_app
 from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
 from multiagenttrainer.config import load_config
-from multiagenttrainer.errors import ConfigError, MatError
+from multiagenttrainer.errors import MatError
 
 app = typer.Typer(
     name="mat",
@@ -70,11 +70,15 @@ def main_options(
 
 @config_app.command("validate")
 def config_validate(
-    path: Annotated[Path, typer.Argument(help="Config file to check.")] = Path("multiagenttrainer.yaml"),
+    path: Annotated[
+        Path, typer.Argument(help="Config file to check; `-` reads it from standard input.")
+    ] = Path("multiagenttrainer.yaml"),
 ) -> None:
     """Check a config file against the schema (hosts and paths are not contacted)."""
+    from multiagenttrainer.config import parse_config_text
+
     try:
-        cfg = load_config(path)
+        cfg = parse_config_text(sys.stdin.read()) if str(path) == "-" else load_config(path)
     except MatError as exc:
         fail(exc)
     counts = f"{len(cfg.sources)} sources, {len(cfg.machines)} machines, {len(cfg.finetuner.targets)} targets"
@@ -120,30 +124,23 @@ def ingest(
 ) -> None:
     """Fetch every source and build the corpus (corpus.txt, corpus.jsonl, stats.json)."""
     from multiagenttrainer.errors import IngestIncomplete
+    from multiagenttrainer.ingest import plan_ingest
     from multiagenttrainer.render import IngestReporter, render_ingest_summary
 
     try:
         cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
-        if not cfg.sources:
-            raise ConfigError(
-                "sources: nothing to ingest; add a `sources:` list to the config "
-                "(see configs/config.example.yaml) "
-                "or pass --repo owner/repo"
-            )
+        plan_ingest(cfg, corpus_dir=corpus_dir)  # no sources: a config error
     except MatError as exc:
         fail(exc)
-    flows_ingest = import_flows("ingest")
+    prepare_prefect()
+    from flows.ingest import run_ingest
+
     reporter = IngestReporter(err, enabled=not as_json and err.is_terminal)
     summary: dict[str, Any]
     code = 0
     try:
         with reporter:
-            summary = flows_ingest.run_ingest(
-                config_path=str(config) if config else None,
-                repos=list(repo or []),
-                corpus_dir=str(corpus_dir) if corpus_dir else None,
-                progress=reporter,
-            )
+            summary = run_ingest(cfg, corpus_dir=corpus_dir, progress=reporter)
     except IngestIncomplete as exc:
         summary, code = exc.summary, 1
     except MatError as exc:
@@ -196,17 +193,19 @@ def train_command(
             make_agent(cfg.training)  # an agent command that cannot work is a config error
     except MatError as exc:
         fail(exc)
-    flows_train = import_flows("train")
+    prepare_prefect()
+    from flows.train import run_train
+
     reporter = TrainReporter(out)
     try:
-        summary = flows_train.run_train(
-            config_path=str(config) if config else None,
+        summary = run_train(
+            cfg,
+            config_path=config,
             name=name,
             max_experiments=max_experiments,
-            output_dir=str(output_dir) if output_dir else None,
-            repos=list(repo or []),
+            output_dir=output_dir,
             resume=resume,
-            corpus_dir=str(corpus_dir) if corpus_dir else None,
+            corpus_dir=corpus_dir,
             progress=reporter,
         )
     except KeyboardInterrupt:
@@ -287,7 +286,7 @@ def deploy(
     work_pool: Annotated[str, typer.Option(help="Process work pool to deploy to.")] = "mat-local",
 ) -> None:
     """Create the work pool and register the deployments in prefect.yaml with the running server."""
-    from multiagenttrainer.server import configure_prefect_environment
+    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
 
     configure_prefect_environment()
     from deployments.register import register_deployments

@@ -1,10 +1,10 @@
 """What every `mat` command shares: the consoles, the common options, error exits, config loading,
-and importing a flow module after pointing Prefect at a running `mat server`."""
+and preparing Prefect before a flow module is imported."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -49,17 +49,18 @@ def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
     return cfg
 
 
-def import_flows(name: str) -> Any:
-    """Import a flow module after pointing Prefect at a running mat server (or ephemeral mode)."""
-    import importlib
-
-    from multiagenttrainer.server import configure_prefect_environment
+def prepare_prefect() -> None:
+    """Point Prefect at a running mat server (or ephemeral mode) before a flow module is imported,
+    and keep Prefect's own console lines off the terminal unless asked for."""
+    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
 
     configure_prefect_environment()
-    module = importlib.import_module(f"flows.{name}")
+    import prefect.main  # noqa: F401  # sets up Prefect's logging, which quiet_console_logging then filters
+
     if not verbose_logging():
-        importlib.import_module("flows").quiet_console_logging()
-    return module
+        from flows import quiet_console_logging
+
+        quiet_console_logging()
 
 
 def verbose_logging() -> bool:

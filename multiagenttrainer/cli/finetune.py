@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from multiagenttrainer.cli.common import ConfigOption, JsonOption, err, fail, import_flows, out
-from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.cli.common import ConfigOption, JsonOption, err, fail, out, prepare_prefect
+from multiagenttrainer.config import load_config
 from multiagenttrainer.errors import MatError
 
 finetune_app = typer.Typer(
@@ -31,7 +31,8 @@ def finetune_start(
     ] = None,
 ) -> None:
     """Start every fine-tuning target at once; waits for local ones, prints Bedrock job ARNs."""
-    from multiagenttrainer.errors import BackendError
+    from multiagenttrainer.errors import TargetsFailed
+    from multiagenttrainer.finetune.base import JobRecord
     from multiagenttrainer.finetune.display import FinetuneProgress
     from multiagenttrainer.finetune.runner import check_targets, chosen_targets, corpus_or_error
 
@@ -41,33 +42,21 @@ def finetune_start(
         corpus_path = corpus_or_error(cfg, corpus)
     except MatError as exc:
         fail(exc)
-    flows_finetune = import_flows("finetune")
+    prepare_prefect()
+    from flows.finetune import run_finetune
+
     reporter = FinetuneProgress(err, enabled=err.is_terminal)
     try:
         with reporter:
-            summary = flows_finetune.run_finetune(
-                config_path=str(config) if config else None,
-                corpus=str(corpus_path),
-                name=name,
-                target=target,
-                on_progress=reporter,
+            summary = run_finetune(
+                cfg, config_path=config, corpus=corpus_path, name=name, target=target, on_progress=reporter
             )
-    except BackendError as exc:
-        print_job_lines(reporter_records(cfg, reporter))
+    except TargetsFailed as exc:
+        print_job_lines([JobRecord.from_dict(job) for job in exc.summary["jobs"]])
         fail(exc)
     except MatError as exc:
         fail(exc)
-    from multiagenttrainer.finetune.base import JobRecord
-
     print_job_lines([JobRecord.from_dict(job) for job in summary["jobs"]])
-
-
-def reporter_records(cfg: Config, reporter: Any) -> list[Any]:
-    """The records of the jobs the progress display saw (to show what finished before a failure)."""
-    from multiagenttrainer.finetune.runner import list_jobs
-
-    seen = set(reporter.bars)
-    return [record for record in list_jobs(cfg) if record.id in seen]
 
 
 def print_job_lines(records: list[Any]) -> None:

@@ -20,7 +20,7 @@ def server_start(
     ] = None,
 ) -> None:
     """Start a local Prefect server (SQLite, UI on) in the background."""
-    from multiagenttrainer.server import start_server
+    from multiagenttrainer.cli.prefect_server import start_server
 
     try:
         info = start_server(port=port)
@@ -33,7 +33,7 @@ def server_start(
 @server_app.command("stop")
 def server_stop() -> None:
     """Stop the local Prefect server started by `mat server start`."""
-    from multiagenttrainer.server import stop_server
+    from multiagenttrainer.cli.prefect_server import stop_server
 
     try:
         stopped = stop_server()
@@ -45,7 +45,7 @@ def server_stop() -> None:
 @server_app.command("status")
 def server_status_command(as_json: JsonOption = False) -> None:
     """Show whether the local Prefect server is running."""
-    from multiagenttrainer.server import server_status
+    from multiagenttrainer.cli.prefect_server import server_status
 
     info = server_status()
     if as_json:

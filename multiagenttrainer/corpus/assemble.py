@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from multiagenttrainer.atomic import write_bytes_atomically
 from multiagenttrainer.corpus.chunks import ChunkResult, Placement
 from multiagenttrainer.errors import CorpusError
 
@@ -102,9 +103,8 @@ class Assembly:
         self.paths.stats.unlink(missing_ok=True)  # it describes the files about to be replaced
         os.replace(self.txt_path, self.paths.txt)
         os.replace(self.jsonl_path, self.paths.jsonl)
-        staged = self.work / "stats.json"
-        staged.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE))
-        os.replace(staged, self.paths.stats)
+        text = orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+        write_bytes_atomically(self.paths.stats, text)
 
     def close(self) -> None:
         if not self.closed:

@@ -34,7 +34,7 @@ from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
 from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
 from multiagenttrainer.corpus.stats import CorpusStats
 from multiagenttrainer.progress import IngestProgress, NullProgress
-from multiagenttrainer.sources.base import Snapshot
+from multiagenttrainer.snapshot import Snapshot
 
 # Bump whenever the corpus content for the same inputs changes (rules, formats), so old corpora are rebuilt.
 CORPUS_FORMAT = 2  # 2: the split hash is SHA-1 (computed natively too), no longer xxh3

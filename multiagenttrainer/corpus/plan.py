@@ -35,8 +35,8 @@ from multiagenttrainer.corpus.filters import (
 from multiagenttrainer.corpus.ignore import PathSelector
 from multiagenttrainer.corpus.walk import DirListing, WalkEvent, list_directory, recent_listing
 from multiagenttrainer.errors import CorpusError
-from multiagenttrainer.sources.base import Snapshot
-from multiagenttrainer.sources.base import Tree as SourceTree
+from multiagenttrainer.snapshot import Snapshot
+from multiagenttrainer.snapshot import Tree as SourceTree
 
 UNKNOWN_SIZE = -1
 CHUNK_BYTES = 1 << 20  # work is handed to worker processes in chunks of about this many bytes

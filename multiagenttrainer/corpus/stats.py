@@ -16,7 +16,7 @@ from typing import Any
 
 from multiagenttrainer.corpus.chunks import ChunkResult
 from multiagenttrainer.corpus.plan import CorpusPlan
-from multiagenttrainer.sources.base import Snapshot
+from multiagenttrainer.snapshot import Snapshot
 
 
 def _bump(counts: dict[str, int], key: str, by: int = 1) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from multiagenttrainer.experiments.model import Status
+from multiagenttrainer.history import Status
 
 
 def decide(val_bpb: float | None, best: float | None) -> Status:

@@ -27,15 +27,24 @@ from pathlib import Path
 from typing import Any
 
 from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
+from multiagenttrainer.atomic import write_bytes_atomically
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import TrainingConfig
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import Executor, RunOutcome
 from multiagenttrainer.experiments.decide import decide
-from multiagenttrainer.experiments.model import ExperimentResult, Status
-from multiagenttrainer.experiments.results import ResultRow, append_result, parse_rows, read_results
-from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState, now_iso
+from multiagenttrainer.experiments.results import (
+    RESULTS_FILE,
+    ResultRow,
+    append_result,
+    link_results,
+    parse_rows,
+    read_results,
+)
+from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState
+from multiagenttrainer.history import ExperimentResult, Status
 from multiagenttrainer.workspace import gitops
-from multiagenttrainer.workspace.setup import RESULTS_FILE, Workspace, link_results
+from multiagenttrainer.workspace.setup import Workspace
 from multiagenttrainer.workspace.summary import parse_run_summary
 
 log = logging.getLogger(__name__)
@@ -360,9 +369,7 @@ def read_agent_results(loop: Loop, before: str) -> list[ResultRow]:
 
 def restore_text(path: Path, text: str) -> None:
     """Rewrite a small file atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.restore")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def adopt_rows(loop: Loop, attempt: Attempt, rows: list[ResultRow], log_text: str) -> list[ExperimentResult]:
@@ -466,19 +473,3 @@ def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
     for result in results:
         record(loop, result)
     return results
-
-
-def run_loop(loop: Loop, max_experiments: int) -> list[ExperimentResult]:
-    """Run experiments until the run holds `max_experiments` of them; return the ones run now."""
-    workspace = loop.workspace.path
-    loop.executor.prepare(workspace)
-    link_results(loop.run_dir, workspace)
-    done: list[ExperimentResult] = []
-    try:
-        while len(loop.state.experiments) < max_experiments:
-            check_stop(loop)
-            done += run_experiment(loop, len(loop.state.experiments))
-    finally:
-        loop.state.current = [c for c in loop.state.current if c.machine != loop.machine]
-        loop.executor.cleanup()
-    return done

@@ -19,8 +19,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from multiagenttrainer.experiments.model import ExperimentResult, Status
+from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.history import ExperimentResult, Status
 
+RESULTS_FILE = "results.tsv"  # in the run directory, linked into the workspace
 RESULTS_HEADER = "commit\tval_bpb\tmemory_gb\tstatus\tdescription"
 STATUSES: frozenset[str] = frozenset({"keep", "discard", "crash"})
 SHORT_SHA = 7
@@ -146,3 +148,15 @@ def write_all(fd: int, line: str, path: Path) -> None:
     if written != len(data):  # never seen for a line this short on a local disk, but not silent
         raise OSError(f"short write to {path}: {written} of {len(data)} bytes")
     os.fsync(fd)
+
+
+def link_results(run_dir: Path, workspace: Path) -> None:
+    """Create the run's results.tsv (header only) and the workspace link `results.tsv -> ../results.tsv`."""
+    ensure_header(run_dir / RESULTS_FILE)
+    link = workspace / RESULTS_FILE
+    if link.is_symlink() and str(link.readlink()) == f"../{RESULTS_FILE}":
+        return
+    if link.is_dir() and not link.is_symlink():
+        raise ExperimentError(f"{link} is a directory; remove it so mat can link the run's results.tsv")
+    link.unlink(missing_ok=True)
+    link.symlink_to(Path("..") / RESULTS_FILE)

@@ -17,22 +17,17 @@ from __future__ import annotations
 import json
 import socket
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from multiagenttrainer.atomic import write_json_atomically as write_json_atomically
-from multiagenttrainer.experiments.model import ExperimentResult
-from multiagenttrainer.processes import pid_alive as pid_alive  # re-exported: runner and tests use it
+from multiagenttrainer.atomic import write_json_atomically
+from multiagenttrainer.clock import now_iso
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.processes import pid_alive
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 Phase = Literal["setup", "agent", "training", "recording", "report"]
 RUN_FILE = "run.json"
-
-
-def now_iso() -> str:
-    """The current UTC time, ISO 8601 with seconds."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -64,6 +59,7 @@ class RunState:
     finished_at: str | None = None
     error: str | None = None
     flow_run_url: str | None = None
+    flow_run_id: str | None = None  # the Prefect flow run driving the run, when there is one
 
     # -- derived -------------------------------------------------------------
 
@@ -128,3 +124,9 @@ def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:
         except (OSError, ValueError, TypeError):
             continue
     return sorted(runs, key=lambda item: item[1].created_at)
+
+
+def find_run_of_flow_run(output_dir: Path, flow_run_id: str) -> RunState | None:
+    """The run a Prefect flow run drove, found through run.json (None when it never got that far)."""
+    matches = [state for _, state in list_runs(output_dir) if state.flow_run_id == flow_run_id]
+    return matches[-1] if matches else None

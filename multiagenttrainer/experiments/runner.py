@@ -1,4 +1,4 @@
-"""The library API for training runs: set a workspace up, run experiments, resume after a kill.
+"""The experiments of a training run, written once: set a workspace up, run experiments, resume after a kill.
 
     runner = Runner(cfg.autoresearch, cfg.training, name="nightly")
     workspace = runner.setup_workspace("corpus/corpus.txt")
@@ -7,12 +7,12 @@
     runner, workspace = Runner.resume("20250101-020000-nightly", "./runs")
     results = await runner.run_experiments(workspace)      # continues after the last recorded experiment
 
-One experiment at a time, as the Prefect flow drives it (run_experiments is these steps in a thread):
+`run_loop` is the one driver of a run's experiments (the library API above and the Prefect flow both use
+it; the flow passes a step that runs each experiment as a task):
 
     loop = runner.begin(workspace)
-    while runner.has_next(loop):
-        runner.step(loop)                                   # one experiment, recorded
-    runner.end(loop, "completed")                           # or runner.abort(loop, exc) when a step raised
+    run_loop(runner, loop, step)      # step(loop, experiment_id) runs and records one experiment;
+                                      # the run is ended in run.json (completed, interrupted, failed)
 
 A run lives in `<output_dir>/<run_id>/` (layout in run_state.py). Resuming trusts results.tsv: its rows
 are the finished experiments, run.json is brought in line with them, and the workspace is reset to the
@@ -29,12 +29,13 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
 from multiagenttrainer.agents.base import Agent
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import Executor
@@ -46,25 +47,12 @@ from multiagenttrainer.experiments.loop import (
     check_stop,
     run_experiment,
 )
-from multiagenttrainer.experiments.model import ExperimentResult
-from multiagenttrainer.experiments.results import ResultRow, read_results
-from multiagenttrainer.experiments.run_state import (
-    RUN_FILE,
-    CurrentExperiment,
-    RunState,
-    RunStatus,
-    load_run,
-    now_iso,
-    pid_alive,
-)
+from multiagenttrainer.experiments.results import RESULTS_FILE, ResultRow, link_results, read_results
+from multiagenttrainer.experiments.run_state import RUN_FILE, CurrentExperiment, RunState, RunStatus, load_run
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.workspace import gitops
-from multiagenttrainer.workspace.setup import (
-    RESULTS_FILE,
-    Workspace,
-    clone_credentials,
-    link_results,
-    setup_workspace,
-)
+from multiagenttrainer.workspace.setup import Workspace, clone_credentials, setup_workspace
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +314,7 @@ class Runner:
         except BaseException as exc:
             self._finish("failed", str(exc))
             raise
+        link_results(run_dir, workspace.path)
         self.state.workspace = workspace.to_dict()
         self.state.current = []
         self.state.save(run_dir)
@@ -405,30 +394,33 @@ class Runner:
     async def run_experiments(
         self, workspace: Workspace, max_experiments: int | None = None
     ) -> list[ExperimentResult]:
-        """Run experiments until the run holds `max_experiments`; return all of the run's results."""
+        """Run experiments until the run holds `max_experiments`; return all of the run's results.
+
+        The experiments run in a worker thread; cancelling this coroutine (or Ctrl-C) stops the run:
+        what it is running is killed and run.json says `interrupted`.
+        """
         loop = self.begin(workspace, max_experiments)
         finished = threading.Event()
 
         def work() -> None:
             try:
-                while self.has_next(loop):
-                    self.step(loop)
+                run_loop(self, loop, self.run_step)
             finally:
                 finished.set()
 
         with sigterm_stops(loop.stop, workspace.path):
             try:
                 await asyncio.to_thread(work)
-            except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            except (asyncio.CancelledError, KeyboardInterrupt):
                 self.interrupt(loop)
-                finished.wait(STOP_WAIT_S)  # let the worker thread wind down before run.json is final
-                self.abort(loop, exc)
+                if not finished.wait(STOP_WAIT_S):  # the worker ends the run itself once it stops
+                    self.end(loop, "interrupted", "interrupted")
                 raise
-            except BaseException as exc:
-                self.abort(loop, exc)
-                raise
-        self.end(loop, "completed")
         return list(loop.state.experiments)
+
+    def run_step(self, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+        """The plain step of `run_loop`: run experiment `experiment_id` here."""
+        return self.step(loop)
 
     @classmethod
     def resume(
@@ -470,3 +462,31 @@ class Runner:
         state.save(run_dir)
         runner.run_dir, runner.state = run_dir, state
         return runner, workspace
+
+
+# ---------------------------------------------------------------- the driver
+
+Step = Callable[[Loop, int], object]
+
+
+def run_loop(runner: Runner, loop: Loop, step: Step) -> None:
+    """Run the run's remaining experiments, one `step(loop, experiment_id)` each, in order.
+
+    The run is ended in run.json whatever happens: completed, interrupted (Ctrl-C, SIGTERM, stop) or
+    failed; the exception that ended it is raised again.
+    """
+    try:
+        while runner.has_next(loop):
+            check_stop(loop)
+            step(loop, len(loop.state.experiments))
+    except BaseException as exc:
+        runner.abort(loop, exc)
+        raise
+    runner.end(loop, "completed")
+
+
+def drive(runner: Runner, workspace: Workspace, max_experiments: int | None, step: Step) -> None:
+    """Begin the run and run its experiments with `step` in this thread; SIGTERM stops it cleanly."""
+    loop = runner.begin(workspace, max_experiments)
+    with sigterm_stops(loop.stop, workspace.path):
+        run_loop(runner, loop, step)

@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from multiagenttrainer.atomic import write_json_atomically
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.errors import BackendError
-from multiagenttrainer.experiments.run_state import now_iso, write_json_atomically
 
 JobStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
@@ -63,6 +64,10 @@ class JobStore:
 
     def path_for(self, record: JobRecord) -> Path:
         return self.jobs_dir / safe_name(record.target or DEFAULT_TARGET) / f"{safe_name(record.id)}.json"
+
+    def spec_path(self, target: str, job_id: str) -> Path:
+        """Where a local job's resolved target is written for its training process."""
+        return self.jobs_dir / safe_name(target or DEFAULT_TARGET) / f"{safe_name(job_id)}.target"
 
     def save(self, record: JobRecord) -> JobRecord:
         """Write the record atomically (readers never see half a file)."""

@@ -22,10 +22,10 @@ from typing import IO, Any
 import xxhash
 
 from multiagenttrainer.atomic import write_atomically
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import OpenSourceConfig
 from multiagenttrainer.corpus.records import corpus_jsonl_path, iter_corpus_records
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
-from multiagenttrainer.experiments.run_state import now_iso
 from multiagenttrainer.finetune.base import (
     DEFAULT_TARGET,
     FineTuner,

@@ -7,43 +7,36 @@ overrides only the fields it declares.
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from multiagenttrainer.config import BedrockConfig, FinetunerConfig, FineTuneTarget, OpenSourceConfig
+from multiagenttrainer.config import (
+    BedrockConfig,
+    FinetunerConfig,
+    FineTuneTarget,
+    OpenSourceConfig,
+    target_field_map,
+)
 from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.finetune.base import DEFAULT_TARGET, FineTuner, JobStore
 
-BACKENDS: dict[str, str] = {
-    "opensource": "multiagenttrainer.finetune.opensource:OpenSourceFineTuner",
-    "bedrock": "multiagenttrainer.finetune.bedrock:BedrockFineTuner",
-}
 
-# target field -> backend config field, per backend; a target field missing here does not apply.
-TARGET_FIELD_MAPS: dict[str, dict[str, str]] = {
-    "opensource": {
-        "model_id": "model_id",
-        "num_epochs": "num_epochs",
-        "epochs": "num_epochs",
-        "batch_size": "batch_size",
-        "lora_r": "lora_r",
-        "lora_alpha": "lora_alpha",
-        "learning_rate": "learning_rate",
-        "max_length": "max_length",
-        "use_4bit": "use_4bit",
-    },
-    "bedrock": {
-        "model_id": "base_model_id",
-        "num_epochs": "epochs",
-        "epochs": "epochs",
-        "batch_size": "batch_size",
-        "learning_rate": "learning_rate",
-        "customization_type": "customization_type",
-    },
-}
+def _opensource() -> type[FineTuner]:
+    from multiagenttrainer.finetune.opensource import OpenSourceFineTuner
+
+    return OpenSourceFineTuner
+
+
+def _bedrock() -> type[FineTuner]:
+    from multiagenttrainer.finetune.bedrock import BedrockFineTuner
+
+    return BedrockFineTuner
+
+
+BACKENDS: dict[str, Callable[[], type[FineTuner]]] = {"opensource": _opensource, "bedrock": _bedrock}
 
 TARGET_METADATA_FIELDS = frozenset({"name", "machine", "backend"})
 
@@ -61,13 +54,13 @@ class ResolvedTarget:
 def backend_class(backend: str) -> Any:
     """The FineTuner class registered for a backend name."""
     try:
-        module_name, class_name = BACKENDS[backend].split(":")
+        load = BACKENDS[backend]
     except KeyError:
         valid = ", ".join(BACKENDS)
         raise ConfigError(
             f"finetuner.backend: unknown backend {backend!r}; valid backends: {valid}"
         ) from None
-    return getattr(importlib.import_module(module_name), class_name)
+    return load()
 
 
 def backend_defaults(cfg: FinetunerConfig, backend: str) -> OpenSourceConfig | BedrockConfig:
@@ -93,7 +86,7 @@ def apply_overrides(
     base: OpenSourceConfig | BedrockConfig, backend: str, target: FineTuneTarget, index: int
 ) -> OpenSourceConfig | BedrockConfig:
     """The backend config with the target's declared fields mapped onto it and validated."""
-    field_map = TARGET_FIELD_MAPS[backend]
+    field_map = target_field_map(type(base))  # declared by the backend's config model
     where = f"finetuner.targets[{index}] ({target.name!r})"
     updates: dict[str, Any] = {}
     for key, value in declared_overrides(target).items():

@@ -1,28 +1,34 @@
-"""Run fine-tuning targets side by side, and find, refresh or cancel their jobs afterwards.
+"""The fine-tune stage, written once: every target side by side; then finding, refreshing or cancelling jobs.
 
-Every target starts at once. An open-source target trains in a child process of its own
+    records = start_targets(cfg, "corpus/corpus.jsonl", "nightly")           # plain calls
+    records = start_targets(cfg, corpus, name, step=prefect_step)          # flows/finetune.py
+
+Every target starts at once (`run_targets`). An open-source target trains in a child process of its own
 (`python -m multiagenttrainer.finetune.worker`), because accelerate and torch keep process-wide
 state; the CPU threads (and GPUs, when there are any) are split between those children. A Bedrock
 target returns as soon as AWS has accepted the job. A target that fails leaves a `failed` record
-with its error and does not stop the others.
+with its error and does not stop the others; `failed_targets` names them afterwards. The step that runs
+one target is the only thing a caller swaps (`run_planned` here, a Prefect task in the flow).
 """
 
 from __future__ import annotations
 
-import json
+import contextvars
 import os
 import shutil
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from multiagenttrainer.atomic import write_json_atomically
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import Config, OpenSourceConfig, expand_path
 from multiagenttrainer.errors import ConfigError, CorpusError, MatError
-from multiagenttrainer.experiments.run_state import now_iso
 from multiagenttrainer.finetune.base import JobRecord, JobStore
 from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner, resolve_targets, select_target
 
@@ -152,13 +158,20 @@ def run_planned(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> Jo
         return failed_record(store, job, name, str(exc))
 
 
+def write_target_spec(job: PlannedJob, store: JobStore) -> Path:
+    """The validated target, as the child process reads it (a process boundary: a file, not a model)."""
+    spec = {"name": job.target.name, "backend": job.target.backend, "machine": job.target.machine,
+            "config": job.target.config.model_dump(mode="json")}  # fmt: skip
+    path = store.spec_path(job.target.name, str(job.job_id))
+    write_json_atomically(path, spec)
+    return path
+
+
 def worker_command(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> list[str]:
     """The command line of the child process that trains one local target."""
-    spec = {"name": job.target.name, "backend": job.target.backend, "machine": job.target.machine,
-            "config": job.target.config.model_dump()}  # fmt: skip
     return [
         sys.executable, "-m", "multiagenttrainer.finetune.worker",
-        "--target", json.dumps(spec), "--corpus", str(corpus), "--name", name,
+        "--target", str(write_target_spec(job, store)), "--corpus", str(corpus), "--name", name,
         "--job-id", str(job.job_id), "--jobs-dir", str(store.jobs_dir), "--threads", str(job.threads),
     ]  # fmt: skip
 
@@ -218,24 +231,53 @@ def failed_record(
 # --------------------------------------------------------------------------- all targets
 
 
+class TargetStep(Protocol):
+    """Runs one planned target to its returned record (plain `run_planned`, or a Prefect task)."""
+
+    def __call__(self, job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord: ...
+
+
+def outcome_of(future: Future[JobRecord], job: PlannedJob, name: str, store: JobStore) -> JobRecord:
+    """A target's final record; a step that raised leaves (or finds) a `failed` record instead."""
+    error = future.exception()
+    if error is None:
+        return future.result()
+    if not isinstance(error, MatError):
+        raise error
+    record = find_record(store, job.job_id) if job.job_id else None
+    if record is not None and record.finished:
+        return record
+    return failed_record(store, job, name, str(error), record)
+
+
 def start_targets(
     cfg: Config,
     corpus_path: str | Path | None,
     name: str,
     target: str | None = None,
     on_progress: ProgressCallback | None = None,
+    step: TargetStep = run_planned,
 ) -> list[JobRecord]:
-    """Start every target (or the one named) at once and return their records when local ones end."""
+    """Start every target (or the one named) at once and return their records once local ones end.
+
+    A failing target does not stop the others: its record says `failed` with the reason.
+    """
     targets = chosen_targets(cfg, target)
     check_targets(targets)
     corpus = corpus_or_error(cfg, corpus_path)
     store = jobs_store(cfg)
     planned = plan_jobs(targets, name)
     with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="mat-finetune") as pool:
-        futures = [pool.submit(run_planned, job, corpus, name, store) for job in planned]
+        context = contextvars.copy_context
+        futures = [pool.submit(context().run, step, job, corpus, name, store) for job in planned]
         ids = [job.job_id for job in planned if job.job_id]
         watch_until(lambda: all(f.done() for f in futures), store, lambda: ids, on_progress)
-        return [future.result() for future in futures]
+        return [outcome_of(future, job, name, store) for future, job in zip(futures, planned, strict=True)]
+
+
+def failed_targets(records: list[JobRecord]) -> list[str]:
+    """`target 'x' (job id) failed: reason` for each failed record."""
+    return [f"target {r.target!r} (job {r.id}) failed: {r.error}" for r in records if r.status == "failed"]
 
 
 def watch_until(

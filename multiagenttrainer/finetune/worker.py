@@ -1,6 +1,6 @@
 """The child process that trains one local fine-tuning target: `python -m multiagenttrainer.finetune.worker`.
 
-The parent (finetune/runner.py) passes the resolved target as JSON, the corpus, the job name and
+The parent (finetune/runner.py) passes the path of the resolved target (JSON), the corpus, the job name and
 id, the jobs directory and this process's share of CPU threads. Everything the parent needs comes
 back through the job record; the exit status is 0 when the job completed or was cancelled.
 """
@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import OpenSourceConfig
 from multiagenttrainer.errors import MatError
-from multiagenttrainer.experiments.run_state import now_iso
 from multiagenttrainer.finetune.base import JobRecord, JobStore
 from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner
 
@@ -23,7 +23,7 @@ from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     """The worker's command line."""
     parser = argparse.ArgumentParser(prog="python -m multiagenttrainer.finetune.worker")
-    parser.add_argument("--target", required=True, help="JSON: name, backend, machine, config")
+    parser.add_argument("--target", required=True, type=Path, help="JSON file: the resolved target")
     parser.add_argument("--corpus", required=True, type=Path)
     parser.add_argument("--name", required=True)
     parser.add_argument("--job-id", required=True)
@@ -32,9 +32,9 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def target_from_json(text: str) -> ResolvedTarget:
-    """The resolved open-source target the parent serialised."""
-    spec = json.loads(text)
+def read_target(path: Path) -> ResolvedTarget:
+    """The resolved open-source target the parent wrote."""
+    spec = json.loads(path.read_text(encoding="utf-8"))
     config = OpenSourceConfig.model_validate(spec["config"])
     return ResolvedTarget(spec["name"], spec["backend"], config, spec.get("machine"))
 
@@ -71,7 +71,7 @@ def save_failure(store: JobStore, target: ResolvedTarget, args: argparse.Namespa
 def main(argv: list[str] | None = None) -> int:
     """Prepare the dataset and train the target; 0 when it completed or was cancelled, else 1."""
     args = parse_arguments(argv)
-    target = target_from_json(args.target)
+    target = read_target(args.target)
     store = JobStore(args.jobs_dir)
     limit_threads(args.threads)
     finetuner = make_finetuner(target, store)

@@ -9,9 +9,8 @@ vLLM where it is installed and a CUDA device is visible, transformers otherwise.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -20,11 +19,6 @@ from multiagenttrainer.errors import ServeError
 
 FinishReason = Literal["stop", "length"]
 ENGINE_CHOICES = ("auto", "transformers", "vllm")
-
-ENGINES: dict[str, str] = {
-    "transformers": "multiagenttrainer.serve.transformers_engine:TransformersEngine",
-    "vllm": "multiagenttrainer.serve.vllm_engine:VllmEngine",
-}
 
 
 class RequestRejected(ServeError):
@@ -142,6 +136,9 @@ class Engine(Protocol):
         """Release the model and stop any process the engine started (may take seconds)."""
 
 
+EngineFactory = Callable[[ModelSpec, EngineOptions], Engine]
+
+
 def tokenizer_source(spec: ModelSpec) -> str:
     """The adapter folder when it carries a tokenizer (fine-tune jobs save one), else the base."""
     if spec.adapter is not None and (spec.adapter / "tokenizer_config.json").is_file():
@@ -181,11 +178,24 @@ def choose_engine(requested: str, options: EngineOptions) -> tuple[str, str]:
     return "transformers", "vllm is not installed" if gpu else "no CUDA device"
 
 
+def _transformers() -> EngineFactory:
+    from multiagenttrainer.serve.transformers_engine import TransformersEngine
+
+    return TransformersEngine
+
+
+def _vllm() -> EngineFactory:
+    from multiagenttrainer.serve.vllm_engine import VllmEngine
+
+    return VllmEngine
+
+
+# Engines are imported on first use: torch, transformers and httpx only load for the one chosen.
+ENGINES: dict[str, Callable[[], EngineFactory]] = {"transformers": _transformers, "vllm": _vllm}
+
+
 def make_engine(name: str, spec: ModelSpec, options: EngineOptions) -> Engine:
     """Load the model with the engine registered under `name`."""
     if name not in ENGINES:
         raise ServeError(f"unknown engine {name!r}; registered engines: {', '.join(sorted(ENGINES))}")
-    module_name, class_name = ENGINES[name].split(":")
-    engine_class = getattr(importlib.import_module(module_name), class_name)
-    engine: Engine = engine_class(spec, options)
-    return engine
+    return ENGINES[name]()(spec, options)

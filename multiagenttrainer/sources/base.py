@@ -1,21 +1,19 @@
-"""What every source type provides, and the snapshot it hands to the corpus builder.
+"""What every source type provides.
 
 A source is resolved (a cheap look-up of what it would fetch, e.g. a remote HEAD SHA), then
-fetched into the staging directory. Fetching returns a `Snapshot`: plain data naming the file
-trees to read, so it can cross process boundaries (Prefect tasks pass it as JSON).
+fetched into the staging directory. Fetching returns a `Snapshot` (multiagenttrainer/snapshot.py):
+plain data naming the file trees to read.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Protocol
 
-from multiagenttrainer.config import GithubConfig
+from multiagenttrainer.snapshot import Snapshot, SourceContext, Tree, TreeKind
 
-TreeKind = Literal["dir", "git", "docs"]
+__all__ = ["Snapshot", "Source", "SourceContext", "SourceInfo", "Tree", "TreeKind"]
 
 
 @dataclass(frozen=True)
@@ -26,64 +24,6 @@ class SourceInfo:
     type: str
     location: str
     branch: str | None = None
-
-
-@dataclass(frozen=True)
-class Tree:
-    """A set of files produced by a fetch.
-
-    kind "dir":  `path` is a directory on disk (a work tree or a plain folder).
-    kind "git":  `path` is a bare git repository; files are read from `commit`'s tree.
-    kind "docs": `path` is a JSONL file of {"path": provenance, "text": ...} records.
-    """
-
-    repo: str
-    kind: TreeKind
-    path: str
-    commit: str | None = None
-
-
-@dataclass
-class Snapshot:
-    """The result of fetching one source; JSON-serialisable."""
-
-    source: str
-    type: str
-    version: str
-    trees: list[Tree] = field(default_factory=list)
-    include: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Snapshot:
-        values = dict(data)
-        values["trees"] = [Tree(**tree) for tree in values.get("trees", [])]
-        return cls(**values)
-
-    def is_present(self) -> bool:
-        """Whether every tree this snapshot names still exists on disk."""
-        return all(Path(tree.path).exists() for tree in self.trees)
-
-
-@dataclass(frozen=True)
-class SourceContext:
-    """Settings every source may need; secrets are read from `env`, never from the config file."""
-
-    github: GithubConfig = field(default_factory=GithubConfig)
-    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    timeout_s: float = 30.0
-    # Where sources may keep what lets the next run skip work (local_repo's listing snapshots); None: nowhere.
-    cache_dir: Path | None = None
-
-    def secret(self, variable: str | None) -> str | None:
-        """The value of an environment variable holding a token, or None when unset or empty."""
-        if not variable:
-            return None
-        return self.env.get(variable) or None
 
 
 class Source(Protocol):

@@ -1,13 +1,13 @@
 """The source registry: config `type` -> adapter class, plus naming and `--repo` arguments.
 
-Adapters are imported on first use so that `mat sources` does not pay for boto3 or PyGithub.
+Each entry imports its adapter on first use (a plain import inside a small function, so readers and
+tools can follow it), so that `mat sources` does not pay for boto3 or PyGithub.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
@@ -21,24 +21,61 @@ from multiagenttrainer.config import (
 from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.sources.base import Source, SourceContext
 
-SOURCE_ADAPTERS: dict[str, str] = {
-    "local_repo": "multiagenttrainer.sources.local_repo:LocalRepo",
-    "remote_repo": "multiagenttrainer.sources.remote_repo:RemoteRepo",
-    "github_repo": "multiagenttrainer.sources.github_repo:GithubRepo",
-    "github_org": "multiagenttrainer.sources.github_org:GithubOrg",
-    "github_repo_list": "multiagenttrainer.sources.github_repo_list:GithubRepoList",
-    "bedrock_knowledge_base": "multiagenttrainer.sources.bedrock_kb:BedrockKnowledgeBase",
+
+def _local_repo() -> type:
+    from multiagenttrainer.sources.local_repo import LocalRepo
+
+    return LocalRepo
+
+
+def _remote_repo() -> type:
+    from multiagenttrainer.sources.remote_repo import RemoteRepo
+
+    return RemoteRepo
+
+
+def _github_repo() -> type:
+    from multiagenttrainer.sources.github_repo import GithubRepo
+
+    return GithubRepo
+
+
+def _github_org() -> type:
+    from multiagenttrainer.sources.github_org import GithubOrg
+
+    return GithubOrg
+
+
+def _github_repo_list() -> type:
+    from multiagenttrainer.sources.github_repo_list import GithubRepoList
+
+    return GithubRepoList
+
+
+def _bedrock_knowledge_base() -> type:
+    from multiagenttrainer.sources.bedrock_kb import BedrockKnowledgeBase
+
+    return BedrockKnowledgeBase
+
+
+SOURCE_ADAPTERS: dict[str, Callable[[], type]] = {
+    "local_repo": _local_repo,
+    "remote_repo": _remote_repo,
+    "github_repo": _github_repo,
+    "github_org": _github_org,
+    "github_repo_list": _github_repo_list,
+    "bedrock_knowledge_base": _bedrock_knowledge_base,
 }
 
 
 def adapter_class(source_type: str) -> Any:
     """The adapter class registered for a source type."""
     try:
-        module_name, class_name = SOURCE_ADAPTERS[source_type].split(":")
+        load = SOURCE_ADAPTERS[source_type]
     except KeyError:
         valid = ", ".join(SOURCE_ADAPTERS)
         raise ConfigError(f"sources: unknown type {source_type!r}; valid types: {valid}") from None
-    return getattr(importlib.import_module(module_name), class_name)
+    return load()
 
 
 def make_source(cfg: SourceConfig, name: str, ctx: SourceContext) -> Source:

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.corpus.records import iter_corpus_records
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.workspace.builtin import (
@@ -200,15 +201,17 @@ def split_by_size(chunks: list[str], max_chars: int) -> Iterator[list[str]]:
 
 def write_shard(chunks: list[str], path: Path) -> None:
     """One parquet file with a single string column `text`, one chunk per row, ~1k rows per row group."""
-    staging = path.with_name(path.name + ".tmp")  # autoresearch ignores *.tmp while it is written
     table = pa.table({"text": pa.array(chunks, type=pa.string())})
-    pq.write_table(table, staging, row_group_size=ROW_GROUP_ROWS)
-    staging.replace(path)
+    # written beside the shard under a dot name autoresearch's *.parquet glob never matches
+    write_atomically(path, lambda handle: pq.write_table(table, handle, row_group_size=ROW_GROUP_ROWS))
 
 
 def remove_parquet_files(data_dir: Path) -> None:
-    """Delete every parquet file (and half-written .tmp) in data_dir: any leftover would be trained on."""
+    """Delete every parquet file (and half-written temp file) in data_dir: leftovers would be trained on."""
     data_dir.mkdir(parents=True, exist_ok=True)
     for path in data_dir.iterdir():
-        if path.is_file() and (path.name.endswith(".parquet") or path.name.endswith(".parquet.tmp")):
+        half_written = path.name.endswith(".parquet.tmp") or (  # older runs' staging files, and
+            path.name.startswith(".") and ".parquet." in path.name  # atomic.py's temp files
+        )
+        if path.is_file() and (path.name.endswith(".parquet") or half_written):
             path.unlink()

@@ -154,12 +154,6 @@ def reset_soft(workspace: Path, commit: str) -> None:
     run_git(workspace, "reset", "-q", "--soft", commit)
 
 
-def branch_commits(workspace: Path, since: str | None = None) -> list[str]:
-    """Full SHAs on the current branch, oldest first (after `since` when given)."""
-    spec = f"{since}..HEAD" if since else "HEAD"
-    return run_git(workspace, "rev-list", "--reverse", spec).split()
-
-
 def changed_between(workspace: Path, old: str, new: str) -> list[str]:
     """Paths that differ between two commits."""
     out = run_git(workspace, "diff", "--name-only", "--no-renames", "-z", old, new)
@@ -183,11 +177,6 @@ def changed_paths(workspace: Path) -> list[str]:
 def train_py_changed(workspace: Path) -> bool:
     """Whether train.py differs from HEAD in the work tree or the index."""
     return TRAIN_FILE in changed_paths(workspace)
-
-
-def train_py_diff(workspace: Path, base: str = "HEAD") -> str:
-    """The unified diff of train.py between `base` and the work tree."""
-    return run_git(workspace, "diff", base, "--", TRAIN_FILE)
 
 
 def revert_except(workspace: Path, keep: Iterable[str] = (TRAIN_FILE,)) -> list[str]:

@@ -1,13 +1,13 @@
 """Set up a run's workspace: a fresh git work tree holding train.py, the fixed files and the data.
 
-    <run_dir>/
-      results.tsv            the run's table (header only at first)
-      workspace/             git repo on branch autoresearch/<run-tag>, first commit "baseline"
-        results.tsv -> ../results.tsv   (autoresearch's agents expect it in the work tree; git-ignored)
+    <run_dir>/workspace/     git repo on branch autoresearch/<run-tag>, first commit "baseline"
+
+(The run's results.tsv and the workspace link to it belong to the experiment ledger:
+experiments/results.py `link_results`; the ignore rules here keep that link out of git.)
 
 Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin from the
 corpus. Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the
-corpus; this module adds the branch, the ignore rules, the results link and the baseline commit.
+corpus; this module adds the branch, the ignore rules and the baseline commit.
 
 The Workspace record says how to run training there; it is stored in run.json so `--resume` rebuilds it.
 """
@@ -28,7 +28,6 @@ import xxhash
 
 from multiagenttrainer.config import AutoresearchConfig, GithubConfig
 from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
-from multiagenttrainer.experiments.results import ensure_header
 from multiagenttrainer.sources.base import SourceContext
 from multiagenttrainer.sources.git import GitCredentials
 from multiagenttrainer.sources.github_urls import github_credentials
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 WorkspaceKind = Literal["builtin", "autoresearch"]
 WORKSPACE_DIR = "workspace"
-RESULTS_FILE = "results.tsv"
 BRANCH_PREFIX = "autoresearch/"
 BASELINE_MESSAGE = "baseline"
 IGNORED = (
@@ -63,8 +61,8 @@ class Workspace:
     path: Path
     kind: WorkspaceKind
     train_command: list[str]
+    train_time_s: int  # autoresearch.train_time of the run
     env: dict[str, str] = field(default_factory=dict)
-    train_time_s: int = 300
     branch: str = ""
     baseline_commit: str = ""
 
@@ -183,18 +181,6 @@ def write_gitignore(workspace: Path) -> None:
         path.write_text(prefix + "\n".join(missing) + "\n", encoding="utf-8")
 
 
-def link_results(run_dir: Path, workspace: Path) -> None:
-    """Create the run's results.tsv (header only) and the workspace link `results.tsv -> ../results.tsv`."""
-    ensure_header(run_dir / RESULTS_FILE)
-    link = workspace / RESULTS_FILE
-    if link.is_symlink() and str(link.readlink()) == f"../{RESULTS_FILE}":
-        return
-    if link.is_dir() and not link.is_symlink():
-        raise ExperimentError(f"{link} is a directory; remove it so mat can link the run's results.tsv")
-    link.unlink(missing_ok=True)
-    link.symlink_to(Path("..") / RESULTS_FILE)
-
-
 def new_workspace_dir(run_dir: Path) -> Path:
     """`<run_dir>/workspace`, which must not exist yet or be empty."""
     workspace = run_dir / WORKSPACE_DIR
@@ -276,7 +262,6 @@ def setup_workspace(
     else:
         command, kind = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch), "builtin"
     write_gitignore(workspace)
-    link_results(run_dir, workspace)
     baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
     return Workspace(
         path=workspace,

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from multiagenttrainer.agents import AgentRequest
-from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.history import ExperimentResult
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "agents"
 

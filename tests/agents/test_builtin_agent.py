@@ -15,9 +15,9 @@ import pytest
 
 from multiagenttrainer.agents import BuiltinSearchAgent
 from multiagenttrainer.agents.builtin import candidates, coordinates_of, moves_in, remember, trials_from
-from multiagenttrainer.agents.constants import format_value, parse_constants, replace_literal
+from multiagenttrainer.agents.hyperparameter_edits import format_value, parse_constants, replace_literal
 from multiagenttrainer.agents.search_space import violated_constraints
-from multiagenttrainer.experiments.model import ExperimentResult
+from multiagenttrainer.history import ExperimentResult
 from tests.agents.helpers import request_for, result
 
 

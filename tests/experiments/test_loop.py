@@ -19,10 +19,10 @@ import pytest
 from multiagenttrainer.agents.command import CommandAgent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
 from multiagenttrainer.experiments.loop import LoopOptions
-from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.results import read_results
-from multiagenttrainer.experiments.run_state import pid_alive
 from multiagenttrainer.experiments.runner import Runner
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.workspace import gitops
 from tests.experiments.helpers import (
     REPO_ROOT,

@@ -9,7 +9,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from multiagenttrainer.experiments.model import ExperimentResult
 from multiagenttrainer.experiments.results import (
     RESULTS_HEADER,
     ResultRow,
@@ -19,6 +18,7 @@ from multiagenttrainer.experiments.results import (
     parse_row,
     read_results,
 )
+from multiagenttrainer.history import ExperimentResult
 
 SHA = "a1b2c3d4e5f60718293a4b5c6d7e8f9012345678"
 

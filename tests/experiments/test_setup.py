@@ -1,4 +1,5 @@
-"""setup_workspace: the git work tree, its ignore rules, the results link, and every way to name a corpus."""
+"""setup_workspace: the git work tree, its ignore rules, every way to name a corpus; and the results link
+the experiment ledger adds to it (experiments/results.py `link_results`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from multiagenttrainer.config import AutoresearchConfig
 from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
-from multiagenttrainer.experiments.results import RESULTS_HEADER
+from multiagenttrainer.experiments.results import RESULTS_HEADER, link_results
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.setup import (
     IGNORED,
@@ -56,6 +57,8 @@ def test_builtin_workspace(tmp_path: Path, corpus_dir: Path) -> None:
     assert set(IGNORED) <= set((path / ".gitignore").read_text().splitlines())
     assert (path / "data" / "train.bin").stat().st_size > 0 and (path / "data" / "val.bin").stat().st_size > 0
     assert "TIME_BUDGET = 42" in (path / "prepare.py").read_text()
+    assert not (path / "results.tsv").exists()  # the ledger is not the workspace's business
+    link_results(run_dir, path)
     link = path / "results.tsv"
     assert link.is_symlink() and str(link.readlink()) == "../results.tsv"
     assert link.read_text() == RESULTS_HEADER + "\n" == (run_dir / "results.tsv").read_text()
@@ -150,5 +153,7 @@ def test_real_autoresearch_workspace_gets_branch_ignores_link_and_baseline(
     assert gitops.changed_paths(path) == []
     assert "TIME_BUDGET = 7" in (path / "prepare.py").read_text()
     assert set(IGNORED) <= set((path / ".gitignore").read_text().splitlines())
+    link_results(run_dir, path)
     assert (path / "results.tsv").read_text() == RESULTS_HEADER + "\n"
+    assert gitops.changed_paths(path) == []  # the link is ignored
     assert workspace.baseline_commit == gitops.head_sha(path)

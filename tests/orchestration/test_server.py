@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from multiagenttrainer import server
+from multiagenttrainer.cli import prefect_server as server
 from multiagenttrainer.errors import ServerError
 
 

@@ -6,8 +6,8 @@ import os
 import socket
 from datetime import UTC, datetime, timedelta
 
-from multiagenttrainer.experiments.model import ExperimentResult, Status
 from multiagenttrainer.experiments.run_state import CurrentExperiment, RunState
+from multiagenttrainer.history import ExperimentResult, Status
 
 T0 = datetime(2025, 3, 8, 2, 0, 0, tzinfo=UTC)
 

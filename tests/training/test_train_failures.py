@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from flows.train import run_train
+from multiagenttrainer.experiments.progress import NullTrainProgress
 from multiagenttrainer.experiments.run_state import load_run
-from multiagenttrainer.progress import NullTrainProgress
 from tests.experiments.helpers import processes_with
 from tests.training.conftest import FIXED_STEPS, mat, only_run_dir, start_mat, wait_until, write_config
 

@@ -1,4 +1,5 @@
-"""The data an experiment produces, shared by the loop, the report, `mat status` and `mat watch`."""
+"""What an experiment produced: the record shared by the loop, the agents (as history), the report,
+`mat status` and `mat watch`. It lives below `agents/` and `experiments/` so both can use it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,18 @@
-"""The local Prefect server that `mat server start` runs in the background, and how mat finds it.
+"""The local Prefect server behind `mat server start|stop|status`, and how mat commands find it.
 
-Prefect's ephemeral mode starts a throw-away API server inside every command (about 15 s here).
-A long-lived server on 127.0.0.1 avoids that: it keeps its SQLite database in
-``$MAT_HOME/prefect``, logs to ``$MAT_HOME/server.log`` and records itself in
-``$MAT_HOME/server.json`` ({pid, port, api_url, ui_url, started_at}), which later commands read
-through `configure_prefect_environment` before they import prefect.
+This is orchestration, not domain code, so it lives beside the CLI and the library never imports it.
+
+Prefect's ephemeral mode starts a throw-away API server inside every command (about 15 s here). A
+long-lived server on 127.0.0.1 avoids that: it keeps its SQLite database in ``$MAT_HOME/prefect``,
+logs to ``$MAT_HOME/server.log`` and records itself in ``$MAT_HOME/server.json`` ({pid, port, api_url,
+ui_url, started_at}), which later commands read through `configure_prefect_environment` before they
+import prefect.
+
+It runs Prefect's own `prefect server start`, but not with `--background`: that mode leaves the server
+in the caller's process group (a Ctrl-C in the terminal that started it would kill it later) and pipes
+its output to a pipe nobody reads. mat starts it in a session of its own with its output in a log file,
+picks a free port, and waits until it answers. It also writes Prefect's own pid file
+(``$PREFECT_HOME/server.pid``), so `prefect server stop` stops mat's server as well.
 
 This module never imports prefect: it runs ``python -m prefect server start`` as a child process
 and talks to it over plain HTTP.
@@ -28,9 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.errors import ServerError
-from multiagenttrainer.processes import pid_alive as pid_alive  # re-exported: part of this module's API
-from multiagenttrainer.processes import start_in_session
+from multiagenttrainer.processes import pid_alive, start_in_session
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,11 @@ def state_file() -> Path:
 def log_file() -> Path:
     """Where the server's output goes."""
     return mat_home() / "server.log"
+
+
+def prefect_pid_file() -> Path:
+    """Prefect's own record of a background server, read by `prefect server stop`."""
+    return prefect_home() / "server.pid"
 
 
 # --------------------------------------------------------------------------- probes
@@ -168,14 +181,14 @@ def read_state() -> ServerInfo | None:
 def write_state(info: ServerInfo) -> None:
     """Record a server in server.json (atomically, so readers never see half a file)."""
     fields = ("pid", "port", "api_url", "ui_url", "started_at", "log_file")
-    data = {key: getattr(info, key) for key in fields}
-    tmp = state_file().with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(state_file())
+    write_json_atomically(state_file(), {key: getattr(info, key) for key in fields})
+    prefect_pid_file().parent.mkdir(parents=True, exist_ok=True)
+    prefect_pid_file().write_text(str(info.pid), encoding="utf-8")
 
 
 def clear_state() -> None:
     state_file().unlink(missing_ok=True)
+    prefect_pid_file().unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- public API

@@ -1,0 +1,276 @@
+"""The train stage, written once: corpus (ingest) -> workspace -> experiments -> report.
+
+    request = train_request(cfg, name="small", max_experiments=4)
+    summary = run_training(request)                       # plain calls (PlainTrainSteps)
+    summary = run_training(request, PrefectTrainSteps())  # flows/train.py: steps are Prefect tasks
+
+The rules live here:
+- a new run ingests first (cached by the steps that can cache); when some sources fail but a corpus was
+  written, training goes on and the summary notes it; without a corpus the run fails; with no sources
+  at all, the corpus already in `corpus.dir` is used;
+- `--resume` skips ingest and set-up and continues where results.tsv ends (experiments/runner.py);
+- experiments run one at a time through `run_loop`, and report.md is rewritten after each;
+- a crashed experiment is a result, not a failure: it is e-mailed when `notifications.ses` is set;
+- however the run ends, run.json and the report say how.
+
+`TrainSteps` is what a caller swaps: the plain steps here, or Prefect tasks (tasks/train.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from multiagenttrainer import report
+from multiagenttrainer.config import Config, TrainingConfig, expand_path
+from multiagenttrainer.errors import IngestIncomplete
+from multiagenttrainer.experiments.loop import Loop, ResultHook
+from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
+from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive
+from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.notify import SesNotifier, experiment_crash_alert, make_notifier, notify_safely
+from multiagenttrainer.workspace.setup import Workspace
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- the request
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """One `mat train`: the loaded config and the command's choices, with paths made absolute."""
+
+    config: Config
+    name: str
+    runs_dir: Path
+    max_experiments: int | None = None
+    repos: tuple[str, ...] = ()
+    resume: str | None = None
+    corpus_dir: str | None = None
+    flow_run_id: str | None = None
+    flow_run_url: str | None = None
+
+    @property
+    def training(self) -> TrainingConfig:
+        """training: with the runs directory and experiment count this request asks for."""
+        cfg = self.config.training
+        count = self.max_experiments or cfg.max_experiments
+        return cfg.model_copy(update={"output_dir": str(self.runs_dir), "max_experiments": count})
+
+
+def default_run_name(name: str | None, config_path: str | Path | None) -> str:
+    """The name given, else the config file's stem (`quickstart`), else "run"."""
+    return name or (Path(config_path).stem if config_path else DEFAULT_NAME)
+
+
+def train_request(
+    cfg: Config,
+    *,
+    name: str | None = None,
+    config_path: str | Path | None = None,
+    max_experiments: int | None = None,
+    output_dir: str | Path | None = None,
+    repos: Sequence[str] = (),
+    resume: str | None = None,
+    corpus_dir: str | Path | None = None,
+    flow_run_id: str | None = None,
+    flow_run_url: str | None = None,
+) -> TrainRequest:
+    """A TrainRequest from a command's options; unset options come from the config."""
+    runs_dir = expand_path(str(output_dir or cfg.training.output_dir)).resolve()
+    return TrainRequest(
+        config=cfg,
+        name=default_run_name(name, config_path),
+        runs_dir=runs_dir,
+        max_experiments=max_experiments,
+        repos=tuple(repos),
+        resume=resume,
+        corpus_dir=str(corpus_dir) if corpus_dir is not None else None,
+        flow_run_id=flow_run_id,
+        flow_run_url=flow_run_url,
+    )
+
+
+# --------------------------------------------------------------------------- steps
+
+
+class TrainSteps(Protocol):
+    """What ingesting, setting up, running one experiment and reporting mean for one caller."""
+
+    def ingest(self, request: TrainRequest) -> dict[str, Any]:
+        """The ingest stage's summary; raises IngestIncomplete when a source failed."""
+        ...
+
+    def setup(self, request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Workspace]:
+        """A new run with its workspace set up from the corpus, or the run request.resume reopened."""
+        ...
+
+    def experiment(self, runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+        """Run and record experiment `experiment_id`."""
+        ...
+
+    def report(self, runner: Runner) -> dict[str, str]:
+        """Write the final report; the paths written by name (report, plot)."""
+        ...
+
+
+def open_run(
+    request: TrainRequest, corpus_dir: str | None, secrets: Mapping[str, str] | None = None
+) -> tuple[Runner, Workspace]:
+    """Set a new run up from the corpus, or reopen the run to resume.
+
+    `secrets`: where GITHUB_TOKEN is read for a private autoresearch fork (the environment by default).
+    """
+    if request.resume:
+        return Runner.resume(request.resume, request.runs_dir)
+    cfg = request.config
+    runner = Runner(
+        cfg.autoresearch,
+        request.training,
+        request.name,
+        output_dir=request.runs_dir,
+        github=cfg.github,
+        secrets=secrets,
+    )
+    return runner, runner.setup_workspace(str(corpus_dir))
+
+
+def report_files(runner: Runner) -> dict[str, str]:
+    """Write report.md and progress.png; their paths."""
+    assert runner.run_dir is not None and runner.state is not None
+    report_path, plot_path = report.write_report(runner.run_dir, runner.state)
+    return {"report": str(report_path), "plot": str(plot_path)}
+
+
+class PlainTrainSteps:
+    """Each step a plain call in this process."""
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self.env = env
+
+    def ingest(self, request: TrainRequest) -> dict[str, Any]:
+        from multiagenttrainer.ingest import PlainSteps, plan_ingest, run_ingest
+
+        plan = plan_ingest(request.config, request.repos, request.corpus_dir)
+        return run_ingest(plan, PlainSteps(self.env))
+
+    def setup(self, request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Workspace]:
+        return open_run(request, corpus_dir, self.env)
+
+    def experiment(self, runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
+        return runner.step(loop)
+
+    def report(self, runner: Runner) -> dict[str, str]:
+        return report_files(runner)
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def prepare_corpus(
+    request: TrainRequest, steps: TrainSteps, progress: TrainProgress
+) -> tuple[str, list[str]]:
+    """Ingest and return the corpus directory and notes; without sources, the corpus already there."""
+    cfg = request.config
+    if not cfg.sources and not request.repos:
+        directory = str(expand_path(request.corpus_dir or cfg.corpus.dir).resolve())
+        progress.corpus_ready(directory, "existing")
+        return directory, []
+    notes: list[str] = []
+    try:
+        summary = steps.ingest(request)
+    except IngestIncomplete as exc:
+        if exc.summary.get("stats") is None:
+            raise
+        summary = exc.summary
+        failed = ", ".join(f"{f['source']} ({f['error']})" for f in summary.get("failures", []))
+        notes.append(f"some sources failed and were left out of the corpus: {failed}")
+        log.warning("training on an incomplete corpus: %s", failed)
+    progress.corpus_ready(str(summary["corpus_dir"]), str(summary["corpus_status"]))
+    return str(summary["corpus_dir"]), notes
+
+
+def crash_alerts(notifier: SesNotifier, runner: Runner) -> ResultHook:
+    """An on_result hook that e-mails each crashed experiment, with its log's absolute path."""
+
+    def alert(result: ExperimentResult) -> None:
+        if result.status != "crash" or runner.state is None or runner.run_dir is None:
+            return
+        if result.log_path:
+            result = dataclasses.replace(result, log_path=str(runner.run_dir / result.log_path))
+        notify_safely(notifier, *experiment_crash_alert(runner.state, result))
+
+    return alert
+
+
+def progress_hook(progress: TrainProgress, runner: Runner) -> ResultHook:
+    """An on_result hook that reports each recorded experiment to `progress`."""
+
+    def report_result(result: ExperimentResult) -> None:
+        if runner.state is not None:
+            progress.experiment_finished(result, runner.state)
+
+    return report_result
+
+
+def attach_run(runner: Runner, request: TrainRequest, progress: TrainProgress) -> None:
+    """Record the driving flow run in run.json and install the result hooks (progress, crash alerts)."""
+    assert runner.state is not None and runner.run_dir is not None
+    runner.state.flow_run_id = request.flow_run_id
+    runner.state.flow_run_url = request.flow_run_url
+    runner.state.save(runner.run_dir)
+    runner.hooks.append(progress_hook(progress, runner))
+    notifier = make_notifier(request.config.notifications)
+    if notifier is not None:
+        runner.hooks.append(crash_alerts(notifier, runner))
+    progress.run_started(runner.run_dir, runner.state)
+
+
+def run_summary(runner: Runner, files: dict[str, str], notes: list[str]) -> dict[str, Any]:
+    """What the stage returns: where the run is, how it ended, its best result."""
+    state = runner.state
+    assert state is not None
+    best, baseline = state.best, state.baseline
+    return {
+        "run_id": state.run_id,
+        "run_dir": str(runner.run_dir),
+        "status": state.status,
+        "experiments": state.done,
+        "max_experiments": state.max_experiments,
+        "baseline_val_bpb": baseline.val_bpb if baseline else None,
+        "best_val_bpb": best.val_bpb if best else None,
+        "best_commit": best.commit if best else None,
+        "flow_run_url": state.flow_run_url,
+        "notes": notes,
+        **files,
+    }
+
+
+def run_training(
+    request: TrainRequest, steps: TrainSteps | None = None, progress: TrainProgress | None = None
+) -> dict[str, Any]:
+    """The whole stage; returns the run's summary, raises MatError (or KeyboardInterrupt) when it failed."""
+    steps = steps or PlainTrainSteps()
+    progress = progress or NullTrainProgress()
+    corpus_dir, notes = (None, []) if request.resume else prepare_corpus(request, steps, progress)
+    runner, workspace = steps.setup(request, corpus_dir)
+    attach_run(runner, request, progress)
+    assert runner.run_dir is not None and runner.state is not None
+    run_dir, state = runner.run_dir, runner.state
+
+    def experiment(loop: Loop, experiment_id: int) -> None:
+        steps.experiment(runner, loop, experiment_id)
+        report.write_report(run_dir, state)
+
+    try:
+        drive(runner, workspace, request.max_experiments, experiment)
+    except BaseException:
+        report.write_report(run_dir, state)  # the report shows how the run ended
+        raise
+    return run_summary(runner, steps.report(runner), notes)
+

@@ -12,6 +12,7 @@
     ├── DiskFullError             a disk filled up; free space and run the command again -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
     │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
+    ├── ServeError                a model could not be loaded or served          -> exit code 1
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
 Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
@@ -106,6 +107,10 @@ class TargetsFailed(BackendError):
 
     def __reduce__(self) -> tuple[type[TargetsFailed], tuple[dict[str, Any], list[str]]]:
         return (type(self), (self.summary, self.failures))  # Prefect pickles a failed flow's exception
+
+
+class ServeError(MatError):
+    """A model could not be loaded or served (`mat serve`, `mat finetune export`)."""
 
 
 class NotificationError(MatError):

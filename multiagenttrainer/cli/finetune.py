@@ -1,4 +1,4 @@
-"""`mat finetune start|list|status|cancel`: fine-tuning jobs on the corpus, open-source or on Bedrock."""
+"""`mat finetune start|list|status|cancel|export`: fine-tuning jobs on the corpus, open-source or Bedrock."""
 
 from __future__ import annotations
 
@@ -124,3 +124,27 @@ def finetune_cancel(
         fail(exc)
     state = "cancelled" if record.status == "cancelled" else f"{record.status}; stopping at its next step"
     out.print(f"job {record.id}: {state}", markup=False)
+
+
+@finetune_app.command("export")
+def finetune_export(
+    job_id: Annotated[str, typer.Argument(help="A completed open-source job (see `mat finetune list`).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="New folder to write the model to.")],
+    merge: Annotated[
+        bool, typer.Option("--merge", help="Merge the adapter into the base weights (a plain model).")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Export a job's LoRA adapter, or the base model with it merged, as safetensors plus tokenizer."""
+    from multiagenttrainer.finetune.export import export_job
+    from multiagenttrainer.finetune.runner import jobs_store
+
+    try:
+        record = jobs_store(load_config(config)).get(job_id)
+        result = export_job(record, output, merge)
+    except MatError as exc:
+        fail(exc)
+    what = "merged model" if result.merged else "adapter"
+    files = ", ".join(result.files)
+    out.print(f"exported the {what} of job {record.id} to {result.path}: {files}", markup=False)
+    out.print(f"load it with AutoModelForCausalLM.from_pretrained({str(result.path)!r})", markup=False)

@@ -328,6 +328,34 @@ class GithubConfig(Model):
         return value.rstrip("/")
 
 
+# --------------------------------------------------------------------------- serving
+
+
+class ServeConfig(Model):
+    """`mat serve`: where it listens, who may call it, and how much one request may ask for."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (--host overrides it)")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the bearer key every client must send; unset: no key"
+    )
+    max_tokens: int = Field(1024, ge=1, le=131_072, description="Most tokens one request may generate")
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864, description="Largest request body")
+    max_concurrent_requests: int = Field(
+        32, ge=1, le=1024, description="Generation requests in flight at once; more are answered 429"
+    )
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vLLM on a CUDA machine where it is installed, else transformers"
+    )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must name an environment variable, such as MAT_SERVE_KEY (not hold the key)")
+        return value
+
+
 # --------------------------------------------------------------------------- the whole file
 
 
@@ -350,6 +378,7 @@ class Config(BaseSettings):
     finetuner: FinetunerConfig = Field(default_factory=FinetunerConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     github: GithubConfig = Field(default_factory=GithubConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @classmethod
     def settings_customise_sources(

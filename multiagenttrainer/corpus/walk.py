@@ -1,34 +1,71 @@
 """Walking a directory the way git sees it, the fingerprint local sources use as their version,
 and a small cache so the corpus build reuses the walk a fetch just did.
 
-The walk never enters VCS directories, tool caches or gitignored directories, honours every
-nested .gitignore and `.git/info/exclude`, skips symlinks, and lists entries in sorted path order
-(each directory's entries sorted by their bytes, with directories as `name/`, which is git's tree
-order). It does enter vendored directories: whether those are read is a corpus option, so the
-fingerprint covers them, and the corpus plan drops them when it goes through the listing.
+Which files are kept is git's answer, asked of git itself (gitview.py): the walk lists what git
+lists, so it is the same whichever code runs and the same as `git ls-files --cached --others
+--exclude-standard` (with a throw-away GIT_DIR for a plain directory). The walk adds the stat data
+of each file (one stat call per file: listing_cache.stat_fields, in C when built), reads the
+directories git passed over in silence, and puts everything in git's tree order (each directory's
+entries sorted by their bytes, a directory as `name/`). The cases git leaves open are decided here:
 
-The walk runs in C (`_walk`, native/walk.c) when that is built, 3-4x faster than the os.scandir
-loop kept here as the fallback; both give identical events and fingerprints. With a cache
-directory, the native walk also leaves a listing snapshot (listing_cache.py) that lets the next
-fingerprint of an unchanged tree skip the walk.
+- an ignored directory is one "skip" event, not entered; unless tracked files lie below it, which
+  git never ignores: then it is entered for those alone;
+- VCS directories (`.git`, `.hg`, ...) are never entered or reported, tool caches (`__pycache__`,
+  ...) are reported as "cache" skips and never read, even when tracked: neither is source;
+- a nested repository (a directory git reports as one, or a submodule's work tree) is listed as
+  git lists it from inside: its own .gitignore files, `info/exclude` and index, not the outer
+  tree's rules (unless those ignore it whole, as git does);
+- symlinks are never followed: one git lists is a "symlink" skip; FIFOs, sockets and devices are
+  left out silently (git does not list them);
+- a directory git passed over with nothing listed is still reported: as a "dir" event when it is
+  empty (or holds only what git does not list), as an "unreadable" skip when it cannot be read;
+- vendored directories are entered: whether those are read is a corpus option, so the
+  fingerprint covers them, and the corpus plan drops them when it goes through the listing.
+
+With a cache directory, the walk also leaves a listing snapshot (listing_cache.py) that lets the
+next fingerprint of an unchanged tree skip the walk.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import shutil
+import stat
+import sys
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import NamedTuple
 
-from multiagenttrainer.corpus import accel, listing_cache
+from multiagenttrainer.corpus import listing_cache
 from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS
-from multiagenttrainer.corpus.ignore import IgnoreFile, IgnoreStack, PathSelector, root_ignore_stack
+from multiagenttrainer.corpus.gitview import GitRunner, GitView, git_runner
+from multiagenttrainer.corpus.ignore import PathSelector
+from multiagenttrainer.corpus.listing_cache import (
+    FOLLOW,
+    STAT,
+    TYPE_DIR,
+    TYPE_FILE,
+    TYPE_SYMLINK,
+    Records,
+)
 
 LISTING_CACHE_SIZE = 2
+ENCODING, ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+VCS_NAMES = frozenset(map(os.fsencode, VCS_DIRS))
+CACHE_NAMES = frozenset(map(os.fsencode, CACHE_DIRS))
+# A path with a VCS or cache directory in it; the plain substrings find the rare listing that has one.
+PRUNED_PART = re.compile(rb"(?:^|/)(" + b"|".join(map(re.escape, sorted(VCS_NAMES | CACHE_NAMES))) + rb")/")
+PRUNED_HINTS = tuple(name + b"/" for name in sorted(VCS_NAMES | CACHE_NAMES))
+
+# What an entry of the listing is. A directory's key ends with "/"; sorting the keys gives git's order.
+FILE, SYMLINK, IGNORED, IGNORED_DIR, CACHE_DIR, DIR, UNREADABLE = range(7)
+DIR_REASONS = {IGNORED_DIR: "ignored", CACHE_DIR: "cache", UNREADABLE: "unreadable"}
+Entry = tuple[bytes, int, int, int]  # key (path relative to the walk root), kind, size, mtime_ns
 
 
 class WalkEvent(NamedTuple):
@@ -45,113 +82,205 @@ class WalkEvent(NamedTuple):
 
 def walk_events(root: Path) -> list[WalkEvent]:
     """Every entry of the tree under root as git sees it, in sorted path order."""
-    native = accel.walker()
-    if native is None:
-        return _walk_events_python(root)
-    return _walk_native(native, str(Path(root).absolute()), "", False).events
+    with git_runner() as git:
+        return _walk(str(Path(root).absolute()), git, None)
 
 
-@dataclass(frozen=True)
-class NativeWalk:
-    """What the C walk returns: the events, the fingerprint of all their files, the snapshot records."""
-
-    events: list[WalkEvent]
-    fingerprint: str
-    records: bytes | None
-    record_count: int
-
-
-def _walk_native(native: ModuleType, top: str, salt: str, record: bool) -> NativeWalk:
-    """The C walk (with snapshot records when asked); it calls back `_ignore_rules` for every
-    .gitignore it meets, so parsing stays here."""
-    walked: tuple[list[WalkEvent], str, bytes | None, int] = native.walk(
-        top,
-        _root_rules(Path(top)),
-        _ignore_rules,
-        WalkEvent,
-        VCS_DIRS,
-        CACHE_DIRS,
-        salt.encode(),
-        record,
-    )
-    return NativeWalk(*walked)
+def _walk(top: str, git: GitRunner, records: Records | None) -> list[WalkEvent]:
+    """git's listing of top and the repositories nested in it, with the silent directories, as events."""
+    if not stat.S_ISDIR(os.stat(top).st_mode):  # OSError for a missing root, as os.scandir would raise
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), top)
+    listing = _Listing(top, git, records)
+    listing.add_view(b"")
+    listing.add_silent_dirs()
+    return listing.events()
 
 
-def _root_rules(top: Path) -> list[tuple[bytes, bool, bool]] | None:
-    """The patterns of `.git/info/exclude` when top is a work tree (the lowest-precedence rules)."""
-    stack = root_ignore_stack(top)
-    return stack.levels[0].rules.git_rules() if stack.levels else None
+def _parent(key: bytes) -> bytes:
+    """The directory key (ending with "/", or b"" for the root) an entry's key lies in."""
+    return key[: key.rfind(b"/", 0, len(key) - 1) + 1]
 
 
-def _ignore_rules(path: str) -> list[tuple[bytes, bool, bool]]:
-    """A .gitignore's patterns for the C matcher (malformed ones skipped with a warning, as in Python)."""
-    return IgnoreFile.read(Path(path)).git_rules()
+class _Listing:
+    """The entries of one walk, gathered view by view, and the stat records of its snapshot."""
+
+    def __init__(self, top: str, git: GitRunner, records: Records | None) -> None:
+        self.top = top
+        self.top_bytes = os.fsencode(top)
+        self.git = git
+        self.records = records
+        self.entries: list[Entry] = []
+        self.known_dirs: set[bytes] = set()  # directories with an entry of their own (not silent)
+        self.ignored_dirs: set[bytes] = set()
+        self.nested: list[bytes] = []  # the roots of nested repositories
+        self.inputs: list[str] = [_git_binary()]
+
+    def add_view(self, prefix: bytes) -> None:
+        """What git lists in the directory `prefix` (b"" for the root) and in the repositories in it."""
+        directory = os.path.join(self.top, os.fsdecode(prefix[:-1])) if prefix else self.top
+        work = self.git.work_tree(directory)
+        self.inputs.extend(work or ())
+        view = self.git.view(directory, work)
+        self._add_ignored(prefix, view)
+        for nested in self._add_kept(prefix, view):
+            self.known_dirs.add(nested)
+            self.nested.append(nested)
+            self.entries.append((nested, DIR, 0, 0))
+            self.add_view(nested)
+
+    def _add_ignored(self, prefix: bytes, view: GitView) -> None:
+        for path in view.ignored:
+            if path[-1:] != b"/":
+                if path not in view.tracked:
+                    self.entries.append((prefix + path, IGNORED, 0, 0))
+                continue
+            key, name = prefix + path, path[:-1].rpartition(b"/")[2]
+            self.known_dirs.add(key)
+            if name in CACHE_NAMES:
+                self.entries.append((key, CACHE_DIR, 0, 0))
+            elif name not in VCS_NAMES:
+                self.ignored_dirs.add(key)
+                self.entries.append((key, IGNORED_DIR, 0, 0))
+
+    def _add_kept(self, prefix: bytes, view: GitView) -> list[bytes]:
+        """Add the files git keeps, stat-ed; returns the nested repositories (keys) to list."""
+        nested = [prefix + path for path in view.untracked if path[-1:] == b"/"]
+        files = [path for path in view.untracked if path[-1:] != b"/"]
+        if view.tracked:
+            files = sorted(view.tracked.union(files))
+        keys = self._drop_pruned([prefix + path for path in files])
+        fields = listing_cache.stat_fields(self.top_bytes, bytes(len(keys)), keys)
+        if self.records is not None:
+            self.records.add(bytes(len(keys)), keys, fields)
+        add = self.entries.append
+        for key, (kind, size, mtime_ns, _, _) in zip(keys, STAT.iter_unpack(fields), strict=True):
+            if kind == TYPE_FILE:
+                add((key, FILE, size, mtime_ns))
+            elif kind == TYPE_SYMLINK:
+                add((key, SYMLINK, 0, 0))
+            elif kind == TYPE_DIR and key[len(prefix) :] in view.tracked:  # a submodule's work tree
+                nested.append(key + b"/")
+        return nested
+
+    def _drop_pruned(self, keys: list[bytes]) -> list[bytes]:
+        """The keys outside VCS and cache directories (a cache directory met this way gets its entry)."""
+        joined = b"\0".join(keys)
+        if not any(hint in joined for hint in PRUNED_HINTS):
+            return keys
+        kept = []
+        for key in keys:
+            found = PRUNED_PART.search(key)
+            if found is None:
+                kept.append(key)
+            elif found.group(1) in CACHE_NAMES and key[: found.end()] not in self.known_dirs:
+                self.known_dirs.add(key[: found.end()])
+                self.entries.append((key[: found.end()], CACHE_DIR, 0, 0))
+        return kept
+
+    def add_silent_dirs(self) -> None:
+        """Read every directory git entered, for the subdirectories it listed nothing in, and record
+        the directories and the .gitignore files git read."""
+        entered = self._entered_dirs()
+        gitignores: list[bytes] = []
+        silent: list[bytes] = []
+        pending = [(directory, True) for directory in entered]
+        while pending:
+            directory, was_entered = pending.pop()
+            found = self._read_dir(directory)
+            if not was_entered:
+                silent.append(directory)
+                self.entries.append((directory, DIR if found is not None else UNREADABLE, 0, 0))
+            inside_ignored = bool(self.ignored_dirs) and self._inside_ignored(directory)
+            for name, is_dir in found or ():
+                key = directory + name + b"/"
+                if not is_dir:
+                    gitignores.append(directory + name)
+                elif not (key in entered or key in self.known_dirs or name in VCS_NAMES):
+                    if name in CACHE_NAMES or inside_ignored:
+                        self.entries.append((key, CACHE_DIR if name in CACHE_NAMES else IGNORED_DIR, 0, 0))
+                    else:
+                        pending.append((key, False))
+        if self.records is not None:
+            self._record(entered, silent, gitignores)
+
+    def _entered_dirs(self) -> set[bytes]:
+        """The root, the nested repositories and every directory an entry lies in, with their parents."""
+        entered = {b""}
+        for parent in {_parent(key) for key, _, _, _ in self.entries} | set(self.nested):
+            while parent not in entered:
+                entered.add(parent)
+                parent = _parent(parent)
+        return entered
+
+    def _inside_ignored(self, directory: bytes) -> bool:
+        while directory:
+            if directory in self.ignored_dirs:
+                return True
+            directory = _parent(directory)
+        return False
+
+    def _read_dir(self, directory: bytes) -> list[tuple[bytes, bool]] | None:
+        """The subdirectories (True) and .gitignore files (False) of a directory; None if unreadable."""
+        path = self.top_bytes + b"/" + directory if directory else self.top_bytes
+        try:
+            with os.scandir(path) as scan:
+                return [
+                    (entry.name, is_dir)
+                    for entry in scan
+                    if (is_dir := entry.is_dir(follow_symlinks=False)) or entry.name == b".gitignore"
+                ]
+        except OSError:
+            return None
+
+    def _record(self, entered: set[bytes], silent: list[bytes], gitignores: list[bytes]) -> None:
+        assert self.records is not None
+        dirs = [key[:-1] for key in (*sorted(entered), *silent)]
+        modes = bytes([FOLLOW]) + bytes(len(dirs) - 1 + len(gitignores))  # the root ("") is followed
+        self.records.add_unstated(self.top_bytes, modes, [*dirs, *gitignores])
+        inputs = list(map(os.fsencode, self.inputs))
+        self.records.add_unstated(self.top_bytes, bytes([FOLLOW]) * len(inputs), inputs)
+
+    def events(self) -> list[WalkEvent]:
+        """The entries as walk events, in git's order, with a "dir" event before each directory's entries."""
+        entries = sorted(self.entries)
+        events: list[WalkEvent] = []
+        add = events.append
+        opened = [b""]  # the directories the current entry lies in, outermost first
+        top = os.path.join(self.top, "")
+        for index, (key, kind, size, mtime_ns) in enumerate(entries):
+            if kind == IGNORED_DIR and index + 1 < len(entries) and entries[index + 1][0].startswith(key):
+                kind = DIR  # ignored, but with tracked files below: entered for those
+            parent = _parent(key)
+            if parent != opened[-1]:
+                _open_dirs(parent, opened, add)
+            rel = key.rstrip(b"/").decode(ENCODING, ERRORS)
+            if kind == FILE:
+                add(WalkEvent("file", rel, top + rel, size, mtime_ns))
+            elif kind == DIR:
+                add(WalkEvent("dir", rel))
+                opened.append(key)
+            elif kind in DIR_REASONS:
+                add(WalkEvent("skip", rel, reason=DIR_REASONS[kind], is_dir=True))
+            else:
+                add(WalkEvent("skip", rel, reason="symlink" if kind == SYMLINK else "ignored"))
+        return events
 
 
-def _walk_events_python(root: Path) -> list[WalkEvent]:
-    """The os.scandir walk: the reference the C walk is tested against, and the fallback without it."""
-    top = Path(root).absolute()
-    events: list[WalkEvent] = []
-    add = events.append
-    # One frame per open directory: its remaining entries, its relative path, its ignore rules.
-    stack = [_open_dir(str(top), "", b"", root_ignore_stack(top))]
-    while stack:
-        entries, rel, rel_bytes, rules = stack[-1]
-        for entry in entries:  # resumes where it left off when a subdirectory is done
-            name = entry.name
-            child = rel_bytes + name.encode("utf-8", "surrogateescape")
-            if entry.is_dir(follow_symlinks=False):
-                if name in VCS_DIRS:
-                    continue
-                if name in CACHE_DIRS or (rules.levels and rules.is_ignored(child, True)):
-                    add(
-                        WalkEvent(
-                            "skip",
-                            rel + name,
-                            reason="cache" if name in CACHE_DIRS else "ignored",
-                            is_dir=True,
-                        )
-                    )
-                    continue
-                try:
-                    stack.append(_open_dir(entry.path, rel + name + "/", child + b"/", rules))
-                except OSError:  # unreadable: leave it out, as git does
-                    add(WalkEvent("skip", rel + name, reason="unreadable", is_dir=True))
-                    continue
-                add(WalkEvent("dir", rel + name))
-                break  # walk the subdirectory first
-            if rules.levels and rules.is_ignored(child, False):
-                add(WalkEvent("skip", rel + name, reason="ignored"))
-            elif entry.is_file(follow_symlinks=False):
-                try:
-                    stat = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:  # deleted since the directory was read
-                    continue
-                add(WalkEvent("file", rel + name, entry.path, stat.st_size, stat.st_mtime_ns))
-            elif entry.is_symlink():
-                add(WalkEvent("skip", rel + name, reason="symlink"))
-        else:
-            stack.pop()
-    return events
+def _open_dirs(parent: bytes, opened: list[bytes], add: Callable[[WalkEvent], None]) -> None:
+    """Close the directories `parent` is not in, then open (with a "dir" event) those it is in."""
+    while not parent.startswith(opened[-1]):
+        opened.pop()
+    at = len(opened[-1])
+    while at < len(parent):
+        at = parent.index(b"/", at) + 1
+        opened.append(parent[:at])
+        add(WalkEvent("dir", parent[: at - 1].decode(ENCODING, ERRORS)))
 
 
-Frame = tuple[Iterator["os.DirEntry[str]"], str, bytes, IgnoreStack]
-
-
-def _open_dir(path: str, rel: str, rel_bytes: bytes, rules: IgnoreStack) -> Frame:
-    """A directory's entries in git order, with its own .gitignore added to the rules."""
-    with os.scandir(path) as scan:
-        entries = sorted(scan, key=_sort_key)
-    for entry in entries:
-        if entry.name == ".gitignore" and entry.is_file(follow_symlinks=False):
-            rules = rules.push(rel_bytes, IgnoreFile.read(Path(entry.path)))
-    return iter(entries), rel, rel_bytes, rules
-
-
-def _sort_key(entry: os.DirEntry[str]) -> bytes:
-    """git's order: the name's bytes (not its code points), a directory as `name/`."""
-    name = os.fsencode(entry.name)
-    return name + b"/" if entry.is_dir(follow_symlinks=False) else name
+def _git_binary() -> str:
+    """The git executable (its stat changes when git is upgraded, and its rules may with it)."""
+    found = shutil.which("git")
+    return os.path.realpath(found) if found else "git"
 
 
 @dataclass(frozen=True)
@@ -173,20 +302,15 @@ def list_directory(
     delete changes it.
 
     The listing is remembered (a few, by root and fingerprint) for `recent_listing`. With a cache
-    directory (and the native walk), a snapshot of the walk is stored there for `directory_fingerprint`.
+    directory, a snapshot of the walk is stored there for `directory_fingerprint`.
     """
     top = str(Path(root).absolute())
-    native = accel.walker()
-    if native is None:
-        events = _walk_events_python(Path(top))
+    with listing_cache.snapshot_writer(cache_dir, top, selector, salt) as snapshot, git_runner() as git:
+        records = Records() if snapshot is not None else None
+        events = _walk(top, git, records)
         listing = DirListing(top, events, files_fingerprint(events, selector, salt))
-    else:
-        with listing_cache.snapshot_writer(cache_dir, top, selector, salt) as snapshot:
-            walked = _walk_native(native, top, salt, snapshot is not None)
-            fingerprint = files_fingerprint(walked.events, selector, salt) if selector else walked.fingerprint
-            if snapshot is not None and walked.records is not None:
-                listing_cache.save_snapshot(snapshot, fingerprint, walked.records, walked.record_count)
-        listing = DirListing(top, walked.events, fingerprint)
+        if snapshot is not None and records is not None:
+            listing_cache.save_snapshot(snapshot, listing.fingerprint, records)
     _recent[top, listing.fingerprint] = listing
     while len(_recent) > LISTING_CACHE_SIZE:
         _recent.popitem(last=False)
@@ -194,11 +318,14 @@ def list_directory(
 
 
 def files_fingerprint(events: list[WalkEvent], selector: PathSelector | None, salt: str) -> str:
-    """SHA-1 of the salt, then `rel NUL size NUL mtime_ns LF` per selected file, as the C walk hashes."""
+    """SHA-1 of the salt, then `rel NUL size NUL mtime_ns LF` per selected file."""
     digest = hashlib.sha1(salt.encode())
-    for event in events:
-        if event.kind == "file" and (not selector or selector.accepts(event.rel)):
-            digest.update(f"{event.rel}\0{event.size}\0{event.mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    lines = (
+        f"{event.rel}\0{event.size}\0{event.mtime_ns}\n"
+        for event in events
+        if event.kind == "file" and (not selector or selector.accepts(event.rel))
+    )
+    digest.update("".join(lines).encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 
@@ -213,10 +340,9 @@ def directory_fingerprint(
     """The fingerprint of list_directory; from the snapshot in cache_dir, without a walk, when nothing
     it recorded has changed."""
     top = str(Path(root).absolute())
-    native = accel.walker()
     usable = listing_cache.usable_cache(cache_dir, top)
-    if native is not None and usable is not None:
-        cached = listing_cache.cached_fingerprint(native, usable, top, selector, salt)
+    if usable is not None:
+        cached = listing_cache.cached_fingerprint(usable, top, selector, salt)
         if cached is not None:
             return cached
     return list_directory(Path(top), selector, salt, cache_dir).fingerprint

@@ -231,7 +231,7 @@ class SnapshotWriter:
             return
         root = os.fsencode(self.top)
         fingerprint_bytes = fingerprint.encode("ascii")
-        paths = b"".join(path + b"\0" for path in records.paths)
+        paths = b"\0".join(records.paths) + b"\0" if records.paths else b""
         counts = (len(fingerprint_bytes), len(records.paths), len(paths))
         header = HEADER.pack(MAGIC, self.start_ns, len(root), len(self.key), *counts)
         body = b"".join((header, root, self.key, fingerprint_bytes, records.modes, paths, records.fields))

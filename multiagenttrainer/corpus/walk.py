@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import shutil
 import stat
 import sys
@@ -58,9 +57,7 @@ LISTING_CACHE_SIZE = 2
 ENCODING, ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 VCS_NAMES = frozenset(map(os.fsencode, VCS_DIRS))
 CACHE_NAMES = frozenset(map(os.fsencode, CACHE_DIRS))
-# A path with a VCS or cache directory in it; the plain substrings find the rare listing that has one.
-PRUNED_PART = re.compile(rb"(?:^|/)(" + b"|".join(map(re.escape, sorted(VCS_NAMES | CACHE_NAMES))) + rb")/")
-PRUNED_HINTS = tuple(name + b"/" for name in sorted(VCS_NAMES | CACHE_NAMES))
+PRUNED_NAMES = VCS_NAMES | CACHE_NAMES
 
 # What an entry of the listing is. A directory's key ends with "/"; sorting the keys gives git's order.
 FILE, SYMLINK, IGNORED, IGNORED_DIR, CACHE_DIR, DIR, UNREADABLE = range(7)
@@ -92,8 +89,10 @@ def _walk(top: str, git: GitRunner, records: Records | None) -> list[WalkEvent]:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), top)
     listing = _Listing(top, git, records)
     listing.add_view(b"")
-    listing.add_silent_dirs()
-    return listing.events()
+    events, entered = listing.events()
+    if listing.add_silent_dirs(entered):  # empty or unreadable directories: rare, so sorted again
+        events, _ = listing.events()
+    return events
 
 
 def _parent(key: bytes) -> bytes:
@@ -112,7 +111,6 @@ class _Listing:
         self.entries: list[Entry] = []
         self.known_dirs: set[bytes] = set()  # directories with an entry of their own (not silent)
         self.ignored_dirs: set[bytes] = set()
-        self.nested: list[bytes] = []  # the roots of nested repositories
         self.inputs: list[str] = [_git_binary()]
 
     def add_view(self, prefix: bytes) -> None:
@@ -124,7 +122,6 @@ class _Listing:
         self._add_ignored(prefix, view)
         for nested in self._add_kept(prefix, view):
             self.known_dirs.add(nested)
-            self.nested.append(nested)
             self.entries.append((nested, DIR, 0, 0))
             self.add_view(nested)
 
@@ -148,7 +145,7 @@ class _Listing:
         files = [path for path in view.untracked if path[-1:] != b"/"]
         if view.tracked:
             files = sorted(view.tracked.union(files))
-        keys = self._drop_pruned([prefix + path for path in files])
+        keys = [prefix + path for path in files] if prefix else files
         fields = listing_cache.stat_fields(self.top_bytes, bytes(len(keys)), keys)
         if self.records is not None:
             self.records.add(bytes(len(keys)), keys, fields)
@@ -162,25 +159,11 @@ class _Listing:
                 nested.append(key + b"/")
         return nested
 
-    def _drop_pruned(self, keys: list[bytes]) -> list[bytes]:
-        """The keys outside VCS and cache directories (a cache directory met this way gets its entry)."""
-        joined = b"\0".join(keys)
-        if not any(hint in joined for hint in PRUNED_HINTS):
-            return keys
-        kept = []
-        for key in keys:
-            found = PRUNED_PART.search(key)
-            if found is None:
-                kept.append(key)
-            elif found.group(1) in CACHE_NAMES and key[: found.end()] not in self.known_dirs:
-                self.known_dirs.add(key[: found.end()])
-                self.entries.append((key[: found.end()], CACHE_DIR, 0, 0))
-        return kept
-
-    def add_silent_dirs(self) -> None:
-        """Read every directory git entered, for the subdirectories it listed nothing in, and record
-        the directories and the .gitignore files git read."""
-        entered = self._entered_dirs()
+    def add_silent_dirs(self, entered: set[bytes]) -> bool:
+        """Read the directories git entered (`entered`: the root and every directory with an entry)
+        for the subdirectories it listed nothing in, and record the directories and the .gitignore
+        files git read; whether entries were added."""
+        count = len(self.entries)
         gitignores: list[bytes] = []
         silent: list[bytes] = []
         pending = [(directory, True) for directory in entered]
@@ -202,15 +185,7 @@ class _Listing:
                         pending.append((key, False))
         if self.records is not None:
             self._record(entered, silent, gitignores)
-
-    def _entered_dirs(self) -> set[bytes]:
-        """The root, the nested repositories and every directory an entry lies in, with their parents."""
-        entered = {b""}
-        for parent in {_parent(key) for key, _, _, _ in self.entries} | set(self.nested):
-            while parent not in entered:
-                entered.add(parent)
-                parent = _parent(parent)
-        return entered
+        return len(self.entries) != count
 
     def _inside_ignored(self, directory: bytes) -> bool:
         while directory:
@@ -240,41 +215,66 @@ class _Listing:
         inputs = list(map(os.fsencode, self.inputs))
         self.records.add_unstated(self.top_bytes, bytes([FOLLOW]) * len(inputs), inputs)
 
-    def events(self) -> list[WalkEvent]:
-        """The entries as walk events, in git's order, with a "dir" event before each directory's entries."""
+    def events(self) -> tuple[list[WalkEvent], set[bytes]]:
+        """The entries as walk events, in git's order, with a "dir" event before each directory's
+        entries; and the directories entered (keys, with the root b"")."""
         entries = sorted(self.entries)
         events: list[WalkEvent] = []
         add = events.append
+        new = tuple.__new__
         opened = [b""]  # the directories the current entry lies in, outermost first
+        entered = {b""}
+        pruned = b"\0"  # the VCS or cache directory being passed over (a key no entry starts with)
         top = os.path.join(self.top, "")
         for index, (key, kind, size, mtime_ns) in enumerate(entries):
+            if key.startswith(pruned):
+                continue
             if kind == IGNORED_DIR and index + 1 < len(entries) and entries[index + 1][0].startswith(key):
                 kind = DIR  # ignored, but with tracked files below: entered for those
-            parent = _parent(key)
+            end = len(key) - 1 if kind >= IGNORED_DIR else len(key)  # a directory's key ends with "/"
+            parent = key[: key.rfind(b"/", 0, end) + 1]
             if parent != opened[-1]:
-                _open_dirs(parent, opened, add)
-            rel = key.rstrip(b"/").decode(ENCODING, ERRORS)
+                pruned = self._open_dirs(parent, opened, entered, add) or pruned
+                if key.startswith(pruned):
+                    continue
+            rel = key[:end].decode(ENCODING, ERRORS)
             if kind == FILE:
-                add(WalkEvent("file", rel, top + rel, size, mtime_ns))
-            elif kind == DIR:
-                add(WalkEvent("dir", rel))
+                add(new(WalkEvent, ("file", rel, top + rel, size, mtime_ns, "", False)))
+            elif kind == DIR and key[len(parent) : end] not in PRUNED_NAMES:
+                add(new(WalkEvent, ("dir", rel, "", 0, 0, "", False)))
                 opened.append(key)
-            elif kind in DIR_REASONS:
-                add(WalkEvent("skip", rel, reason=DIR_REASONS[kind], is_dir=True))
+                entered.add(key)
+            elif kind == DIR:  # a repository nested as a cache or VCS directory: passed over too
+                pruned = self._prune(key, add)
             else:
-                add(WalkEvent("skip", rel, reason="symlink" if kind == SYMLINK else "ignored"))
-        return events
+                pruned = key if kind == CACHE_DIR else pruned  # tracked files in a cache: not read either
+                reason = DIR_REASONS.get(kind) or ("symlink" if kind == SYMLINK else "ignored")
+                add(new(WalkEvent, ("skip", rel, "", 0, 0, reason, kind in DIR_REASONS)))
+        return events, entered
 
+    def _open_dirs(
+        self, parent: bytes, opened: list[bytes], entered: set[bytes], add: Callable[[WalkEvent], None]
+    ) -> bytes | None:
+        """Close the directories `parent` is not in, then open (with a "dir" event) those it is in;
+        the first VCS or cache directory among them is not opened but returned (passed over)."""
+        while not parent.startswith(opened[-1]):
+            opened.pop()
+        at = len(opened[-1])
+        while at < len(parent):
+            start, at = at, parent.index(b"/", at) + 1
+            if parent[start : at - 1] in PRUNED_NAMES:
+                return self._prune(parent[:at], add)
+            opened.append(parent[:at])
+            entered.add(parent[:at])
+            add(WalkEvent("dir", parent[: at - 1].decode(ENCODING, ERRORS)))
+        return None
 
-def _open_dirs(parent: bytes, opened: list[bytes], add: Callable[[WalkEvent], None]) -> None:
-    """Close the directories `parent` is not in, then open (with a "dir" event) those it is in."""
-    while not parent.startswith(opened[-1]):
-        opened.pop()
-    at = len(opened[-1])
-    while at < len(parent):
-        at = parent.index(b"/", at) + 1
-        opened.append(parent[:at])
-        add(WalkEvent("dir", parent[: at - 1].decode(ENCODING, ERRORS)))
+    def _prune(self, key: bytes, add: Callable[[WalkEvent], None]) -> bytes:
+        """Pass over the VCS or cache directory `key` (git listed something in it): a cache is one skip."""
+        self.known_dirs.add(key)
+        if key[key.rfind(b"/", 0, len(key) - 1) + 1 : -1] in CACHE_NAMES:
+            add(WalkEvent("skip", key[:-1].decode(ENCODING, ERRORS), reason="cache", is_dir=True))
+        return key
 
 
 def _git_binary() -> str:

@@ -47,9 +47,6 @@ CONTROLLED_CONFIG = (
     "core.hooksPath=/dev/null",
     "core.untrackedCache=false",
     "core.ignoreCase=false",
-    "core.quotePath=false",
-    "core.sparseCheckout=false",
-    "status.showUntrackedFiles=all",
 )
 # Directories the walk prunes anyway: excluded in the throw-away directory too, so git does not list
 # their contents (directory-only patterns: they change nothing else).
@@ -129,47 +126,56 @@ class GitRunner:
 
     def finish(self, process: subprocess.Popen[bytes], what: str) -> bytes:
         """The output of a started command; CorpusError with git's message when it failed."""
+        code, out, err = self._wait(process, what)
+        if code != 0:
+            raise CorpusError(f"`git {what}` failed: {_message(err)}")
+        return out
+
+    def _wait(self, process: subprocess.Popen[bytes], what: str) -> tuple[int, bytes, bytes]:
         try:
             out, err = process.communicate(timeout=GIT_TIMEOUT_S)
         except subprocess.TimeoutExpired as exc:
             process.kill()
             process.communicate()
             raise CorpusError(f"`git {what}` took over {GIT_TIMEOUT_S} s") from exc
-        if process.returncode != 0:
-            raise CorpusError(f"`git {what}` failed: {_first_line(err)}")
-        return out
+        return process.returncode, out, err
 
     def run(self, args: Sequence[str], cwd: str, excludes: str = NO_FILE) -> bytes:
         return self.finish(self.start(args, cwd, excludes), args[0])
 
     def view(self, top: str, work: tuple[str, str] | None) -> GitView:
         """What git lists under the directory `top` (absolute): a plain directory, or a work tree
-        with `work`, what `work_tree` found."""
+        with `work`, what `work_tree` found. Status and ls-files run side by side."""
         status_args = ["status", "--porcelain=v2", "-z", "--untracked-files=all", "--ignored=matching"]
-        work_tree = f"--work-tree={top}"
-        status = self.start(
-            [f"--git-dir={self.git_dir}", work_tree, *status_args], top, work[0] if work else NO_FILE
-        )
-        tracked = b""
-        if work is not None:
-            own = f"--git-dir={os.path.join(top, '.git')}"
-            tracked = self.finish(
-                self.start([own, work_tree, "ls-files", "-z", "--cached"], top), f"ls-files in {top}"
-            )
+        excludes = work[0] if work else NO_FILE
+        status = self.start([f"--git-dir={self.git_dir}", f"--work-tree={top}", *status_args], top, excludes)
+        try:
+            tracked = self._tracked(top) if work else frozenset()
+        except BaseException:
+            status.kill()
+            status.communicate()
+            raise
         untracked, ignored = _parse_status(self.finish(status, f"status in {top}"))
-        return GitView(untracked, ignored, frozenset(tracked.split(b"\0")) - {b""})
+        return GitView(untracked, ignored, tracked)
+
+    def _tracked(self, top: str) -> frozenset[bytes]:
+        """The paths in a work tree's index (which git never ignores)."""
+        args = [f"--git-dir={os.path.join(top, '.git')}", f"--work-tree={top}", "ls-files", "-z", "--cached"]
+        listed = self.finish(self.start(args, top), f"ls-files in {top}")
+        return frozenset(listed.split(b"\0")) - {b""}
 
     def work_tree(self, top: str) -> tuple[str, str] | None:
-        """(exclude file, index) of a work tree; None for a plain directory or a `.git` git rejects."""
+        """(exclude file, index) of a work tree, where git keeps them; None for a plain directory or
+        a `.git` git does not take for a repository."""
         if not os.path.lexists(os.path.join(top, ".git")):
             return None
-        args = [f"--git-dir={os.path.join(top, '.git')}", f"--work-tree={top}"]
-        process = self.start([*args, "rev-parse", "--git-path", "info/exclude", "--git-path", "index"], top)
-        out, _ = process.communicate(timeout=GIT_TIMEOUT_S)
-        if process.returncode != 0:  # not a repository after all: read as a plain directory
+        args = [f"--git-dir={os.path.join(top, '.git')}", f"--work-tree={top}", "rev-parse"]
+        process = self.start([*args, "--git-path", "info/exclude", "--git-path", "index"], top)
+        code, out, _ = self._wait(process, f"rev-parse in {top}")
+        paths = out.splitlines()
+        if code != 0 or len(paths) != 2:  # not a repository after all: read as a plain directory
             return None
-        exclude, index = (os.path.join(top, os.fsdecode(p)) for p in out.splitlines()[:2])
-        return exclude, index
+        return os.path.join(top, os.fsdecode(paths[0])), os.path.join(top, os.fsdecode(paths[1]))
 
 
 def _parse_status(out: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
@@ -183,9 +189,10 @@ def _parse_status(out: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
     return tuple(untracked), tuple(ignored)
 
 
-def _first_line(stderr: bytes) -> str:
-    text = stderr.decode("utf-8", "replace").strip()
-    return text.splitlines()[0] if text else "no message"
+def _message(stderr: bytes) -> str:
+    """git's reason in one line: its first fatal or error line, else its first line."""
+    lines = stderr.decode("utf-8", "replace").strip().splitlines() or ["no message"]
+    return next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[0])
 
 
 @contextmanager

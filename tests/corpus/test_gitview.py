@@ -138,6 +138,19 @@ def test_a_dot_git_file_pointing_nowhere_is_a_plain_directory(tmp_path: Path) ->
     assert [e.rel for e in walked(root)] == ["a.py", "sub"]
 
 
+def test_a_linked_worktree_uses_the_exclude_file_git_finds_for_it(tmp_path: Path) -> None:
+    main = work_tree(tmp_path / "main", {"a.py": "a", "secret.txt": "s"}, track=("a.py",))
+    git(main, "commit", "-q", "-m", "a")
+    (main / ".git" / "info").mkdir(exist_ok=True)
+    (main / ".git" / "info" / "exclude").write_text("secret.txt\n")
+    linked = tmp_path / "linked"
+    git(main, "worktree", "add", "-q", str(linked))
+    (linked / "secret.txt").write_text("s")
+    (linked / "new.py").write_text("n")
+    assert (linked / ".git").is_file()
+    assert files_of(walked(linked)) == {"a.py", "new.py"} == git_listing(linked, tmp_path)
+
+
 # ------------------------------------------------------------- what git leaves to us, decided
 
 

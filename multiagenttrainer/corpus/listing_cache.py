@@ -137,7 +137,7 @@ class Records:
         """The latest mtime or ctime among the entries (0 without any)."""
         if not self.fields:
             return 0
-        numbers = array("q", bytes(self.fields))  # inode, read as signed, is never looked at
+        numbers = array("q", self.fields)  # inode, read as signed, is never looked at
         return max(max(numbers[2::5]), max(numbers[3::5]))
 
 

@@ -34,9 +34,11 @@ import os
 import shutil
 import stat
 import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,7 +48,6 @@ from multiagenttrainer.corpus.gitview import GitRunner, GitView, git_runner
 from multiagenttrainer.corpus.ignore import PathSelector
 from multiagenttrainer.corpus.listing_cache import (
     FOLLOW,
-    STAT,
     TYPE_DIR,
     TYPE_FILE,
     TYPE_SYMLINK,
@@ -142,19 +143,23 @@ class _Listing:
     def _add_kept(self, prefix: bytes, view: GitView) -> list[bytes]:
         """Add the files git keeps, stat-ed; returns the nested repositories (keys) to list."""
         nested = [prefix + path for path in view.untracked if path[-1:] == b"/"]
-        files = [path for path in view.untracked if path[-1:] != b"/"]
+        files = [path for path in view.untracked if path[-1:] != b"/"] if nested else list(view.untracked)
         if view.tracked:
             files = sorted(view.tracked.union(files))
         keys = [prefix + path for path in files] if prefix else files
         fields = listing_cache.stat_fields(self.top_bytes, bytes(len(keys)), keys)
         if self.records is not None:
             self.records.add(bytes(len(keys)), keys, fields)
-        add = self.entries.append
-        for key, (kind, size, mtime_ns, _, _) in zip(keys, STAT.iter_unpack(fields), strict=True):
+        numbers = array("q", fields)
+        kinds, sizes, mtimes = numbers[0::5], numbers[1::5], numbers[2::5]
+        if kinds.count(TYPE_FILE) == len(kinds):  # the usual case: all regular files, added in one go
+            self.entries.extend(zip(keys, repeat(FILE), sizes, mtimes))
+            return nested
+        for key, kind, size, mtime_ns in zip(keys, kinds, sizes, mtimes, strict=True):
             if kind == TYPE_FILE:
-                add((key, FILE, size, mtime_ns))
+                self.entries.append((key, FILE, size, mtime_ns))
             elif kind == TYPE_SYMLINK:
-                add((key, SYMLINK, 0, 0))
+                self.entries.append((key, SYMLINK, 0, 0))
             elif kind == TYPE_DIR and key[len(prefix) :] in view.tracked:  # a submodule's work tree
                 nested.append(key + b"/")
         return nested

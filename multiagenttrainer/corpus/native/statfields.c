@@ -10,7 +10,7 @@
  * listing_cache.stat_fields_python does, so both give the same bytes. It decides nothing about
  * which files a walk lists: that is git's answer (gitview.py).
  *
- * The stats run without the GIL, the second half of the paths on another thread.
+ * The stats run without the GIL, split over up to MAX_THREADS threads (the calling one included).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,7 +23,8 @@
 #include <unistd.h>
 
 #define FIELDS_BYTES 40
-#define MIN_THREADED 256 /* fewer paths than this are stat-ed on the calling thread alone */
+#define MAX_THREADS 4      /* as many as the kernel serves in parallel here; more only contend */
+#define MIN_PER_THREAD 256 /* a thread is worth starting for this many paths */
 
 enum { TYPE_MISSING, TYPE_DIR, TYPE_FILE, TYPE_SYMLINK, TYPE_OTHER };
 
@@ -116,14 +117,19 @@ static PyObject *stat_fields(PyObject *self, PyObject *args) {
     if (!(result = PyBytes_FromStringAndSize(NULL, count * FIELDS_BYTES))) goto done;
     char *out = PyBytes_AS_STRING(result);
     Py_BEGIN_ALLOW_THREADS
-    int root_fd = open(top, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    Slice first = {root_fd, paths, modes, out, 0, count / 2};
-    Slice second = {root_fd, paths, modes, out, count / 2, count};
-    pthread_t thread;
-    int threaded = count >= MIN_THREADED && pthread_create(&thread, NULL, stat_slice, &second) == 0;
-    if (!threaded) first.to = count;
-    stat_slice(&first);
-    if (threaded) pthread_join(thread, NULL);
+    int root_fd = open(top, O_RDONLY | O_CLOEXEC | O_DIRECTORY);
+    Slice slices[MAX_THREADS];
+    pthread_t threads[MAX_THREADS];
+    int wanted = (int)(count / MIN_PER_THREAD), started = 0;
+    int parts = wanted < 1 ? 1 : wanted > MAX_THREADS ? MAX_THREADS : wanted;
+    for (int i = 0; i < parts; i++) {
+        slices[i] = (Slice){root_fd, paths, modes, out, count * i / parts, count * (i + 1) / parts};
+        /* slice 0 runs here; a thread that cannot start leaves its slice to this thread too */
+        if (i > 0 && pthread_create(&threads[started], NULL, stat_slice, &slices[i]) == 0) started++;
+        else if (i > 0) stat_slice(&slices[i]);
+    }
+    stat_slice(&slices[0]);
+    for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
     if (root_fd >= 0) close(root_fd);
     Py_END_ALLOW_THREADS
 done:

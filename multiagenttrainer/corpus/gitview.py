@@ -169,8 +169,17 @@ class GitRunner:
         a `.git` git does not take for a repository."""
         if not os.path.lexists(os.path.join(top, ".git")):
             return None
-        args = [f"--git-dir={os.path.join(top, '.git')}", f"--work-tree={top}", "rev-parse"]
-        process = self.start([*args, "--git-path", "info/exclude", "--git-path", "index"], top)
+        # Relative names, so that the answer (one path a line) holds no part of top, whatever its name.
+        args = [
+            "--git-dir=.git",
+            "--work-tree=.",
+            "rev-parse",
+            "--git-path",
+            "info/exclude",
+            "--git-path",
+            "index",
+        ]
+        process = self.start(args, top)
         code, out, _ = self._wait(process, f"rev-parse in {top}")
         paths = out.splitlines()
         if code != 0 or len(paths) != 2:  # not a repository after all: read as a plain directory

@@ -167,10 +167,13 @@ def test_a_nested_repository_is_listed_by_its_own_rules(tmp_path: Path) -> None:
     (inner / ".git" / "info").mkdir(exist_ok=True)
     (inner / ".git" / "info" / "exclude").write_text("secret.txt\n")
     git(root / "ignored-repo", "init", "-q")
+    odd = work_tree(root / "odd\nname", {"kept.py": "k", "local.x": "x"})  # a name git prints on two lines
+    (odd / ".git" / "info").mkdir(exist_ok=True)
+    (odd / ".git" / "info" / "exclude").write_text("*.x\n")
     events = walked(root)
     inside = {"inner/" + rel for rel in git_listing(inner, tmp_path)}
     assert inside == {"inner/.gitignore", "inner/a.md", "inner/b.log", "inner/c.py", "inner/d/e.py"}
-    assert files_of(events) == {".gitignore", "top.py"} | inside
+    assert files_of(events) == {".gitignore", "top.py", "odd\nname/kept.py"} | inside
     assert ("ignored-repo", "ignored") in {(e.rel, e.reason) for e in events if e.is_dir}
 
 

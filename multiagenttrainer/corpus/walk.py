@@ -231,7 +231,12 @@ class _Listing:
         entered = {b""}
         pruned = b"\0"  # the VCS or cache directory being passed over (a key no entry starts with)
         top = os.path.join(self.top, "")
+        current = b""  # opened[-1]
         for index, (key, kind, size, mtime_ns) in enumerate(entries):
+            if kind == FILE and key.startswith(current) and key.find(b"/", len(current)) < 0:
+                rel = key.decode(ENCODING, ERRORS)  # a file in the open directory: the usual case
+                add(new(WalkEvent, ("file", rel, top + rel, size, mtime_ns, "", False)))
+                continue
             if key.startswith(pruned):
                 continue
             if kind == IGNORED_DIR and index + 1 < len(entries) and entries[index + 1][0].startswith(key):
@@ -240,6 +245,7 @@ class _Listing:
             parent = key[: key.rfind(b"/", 0, end) + 1]
             if parent != opened[-1]:
                 pruned = self._open_dirs(parent, opened, entered, add) or pruned
+                current = opened[-1]
                 if key.startswith(pruned):
                     continue
             rel = key[:end].decode(ENCODING, ERRORS)
@@ -249,6 +255,7 @@ class _Listing:
                 add(new(WalkEvent, ("dir", rel, "", 0, 0, "", False)))
                 opened.append(key)
                 entered.add(key)
+                current = key
             elif kind == DIR:  # a repository nested as a cache or VCS directory: passed over too
                 pruned = self._prune(key, add)
             else:

@@ -19,6 +19,8 @@ entries sorted by their bytes, a directory as `name/`). The cases git leaves ope
   left out silently (git does not list them);
 - a directory git passed over with nothing listed is still reported: as a "dir" event when it is
   empty (or holds only what git does not list), as an "unreadable" skip when it cannot be read;
+- a directory whose .gitignore cannot be read is an "unreadable" skip, nothing in it listed (git
+  would warn and list it without those rules, and so what they keep out); at the root, an error;
 - vendored directories are entered: whether those are read is a corpus option, so the
   fingerprint covers them, and the corpus plan drops them when it goes through the listing.
 
@@ -190,7 +192,26 @@ class _Listing:
                         pending.append((key, False))
         if self.records is not None:
             self._record(entered, silent, gitignores)
-        return len(self.entries) != count
+        return self._leave_out_unreadable_rules(gitignores) or len(self.entries) != count
+
+    def _leave_out_unreadable_rules(self, gitignores: list[bytes]) -> bool:
+        """Leave out, as unreadable, each directory whose .gitignore cannot be read (git would list it
+        without those rules, and so what they keep out); whether any was. The root's is an error."""
+        left_out = False
+        for path in sorted(gitignores):
+            try:
+                where = os.path.join(self.top, os.fsdecode(path))
+                os.close(os.open(where, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+            except PermissionError:
+                directory = path[: -len(b".gitignore")]
+                if not directory:
+                    raise
+                self.entries = [entry for entry in self.entries if not entry[0].startswith(directory)]
+                self.entries.append((directory, UNREADABLE, 0, 0))
+                left_out = True
+            except OSError:  # gone since, or a symlink (git does not follow those either)
+                continue
+        return left_out
 
     def _inside_ignored(self, directory: bytes) -> bool:
         while directory:

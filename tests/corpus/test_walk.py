@@ -191,8 +191,13 @@ print(skips, sorted(e.rel for e in events if e.kind == "file"))
 
 def test_permission_denied_directories_are_skipped_and_the_walk_goes_on(tmp_path: Path) -> None:
     """Run in a child process: as root (no permission applies) it drops that privilege first."""
-    root = write_tree(tmp_path / "t", {"a.txt": "a", "locked/secret.txt": "s", "z/after.txt": "z"})
+    root = write_tree(
+        tmp_path / "t",
+        {"a.txt": "a", "locked/secret.txt": "s", "z/after.txt": "z", "guarded/.gitignore": "*.key\n"},
+    )
+    write_tree(root, {"guarded/private.key": "k", "guarded/sub/public.txt": "p"})
     os.chmod(root / "locked", 0)
+    os.chmod(root / "guarded" / ".gitignore", 0)  # its rules cannot be read: nothing below is
     try:
         done = subprocess.run(
             [sys.executable, "-c", PERMISSION_CHECK, str(root)],
@@ -204,8 +209,43 @@ def test_permission_denied_directories_are_skipped_and_the_walk_goes_on(tmp_path
         )
     finally:
         os.chmod(root / "locked", 0o755)
+        os.chmod(root / "guarded" / ".gitignore", 0o644)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[('locked', 'unreadable')] ['a.txt', 'z/after.txt']"
+    assert (
+        done.stdout.strip()
+        == "[('guarded', 'unreadable'), ('locked', 'unreadable')] ['a.txt', 'z/after.txt']"
+    )
+
+
+UNREADABLE_TOP = """
+import ctypes, os, sys
+from pathlib import Path
+if os.geteuid() == 0 and ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:
+    sys.exit("unshare(CLONE_NEWUSER) failed: " + os.strerror(ctypes.get_errno()))
+from multiagenttrainer.corpus import walk
+try:
+    walk.walk_events(Path(sys.argv[1]))
+except PermissionError as exc:
+    print("PermissionError", exc.filename)
+"""
+
+
+def test_an_unreadable_gitignore_at_the_top_is_an_error(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "t", {".gitignore": "*.key\n", "a.key": "k"})
+    os.chmod(root / ".gitignore", 0)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", UNREADABLE_TOP, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=Path(__file__).resolve().parents[2],
+            check=False,
+        )
+    finally:
+        os.chmod(root / ".gitignore", 0o644)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"PermissionError {root}/.gitignore"
 
 
 def test_a_tracked_file_missing_from_the_work_tree_is_left_out(tmp_path: Path) -> None:

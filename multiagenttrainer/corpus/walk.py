@@ -162,8 +162,8 @@ class _Listing:
                 self.entries.append((key, FILE, size, mtime_ns))
             elif kind == TYPE_SYMLINK:
                 self.entries.append((key, SYMLINK, 0, 0))
-            elif kind == TYPE_DIR and key[len(prefix) :] in view.tracked:  # a submodule's work tree
-                nested.append(key + b"/")
+            elif kind == TYPE_DIR and key[len(prefix) :] in view.tracked and key + b"/" not in nested:
+                nested.append(key + b"/")  # a submodule's work tree that git did not report as a repository
         return nested
 
     def add_silent_dirs(self, entered: set[bytes]) -> bool:

@@ -22,6 +22,7 @@ def walked(root: Path) -> list[WalkEvent]:
         native = walk_events(root)
     with native_code(False):
         assert walk_events(root) == native
+    assert len({event.rel for event in native}) == len(native)  # each entry once
     return native
 
 

@@ -298,4 +298,6 @@ def test_random_trees_give_git_listing_with_and_without_native_code(
     assert corpus == git_listing(root, scratch)
     for native in (True, False):  # the walk itself, beyond what the corpus keeps
         with native_code(native):
-            assert {e.rel for e in walk_events(root) if e.kind == "file"} == corpus
+            events = walk_events(root)
+        assert {e.rel for e in events if e.kind == "file"} == corpus
+        assert len({e.rel for e in events}) == len(events)  # each entry once

@@ -38,6 +38,7 @@ def assert_same_walk(root: Path, salt: str = "s") -> list[WalkEvent]:
     with native_code(False):
         python = walk.list_directory(root, None, salt)
     assert native.events == python.events
+    assert len({event.rel for event in python.events}) == len(python.events)  # each entry once
     assert native.fingerprint == python.fingerprint == walk.files_fingerprint(python.events, None, salt)
     return python.events
 

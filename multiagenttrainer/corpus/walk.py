@@ -12,9 +12,10 @@ entries sorted by their bytes, a directory as `name/`). The cases git leaves ope
   git never ignores: then it is entered for those alone;
 - VCS directories (`.git`, `.hg`, ...) are never entered or reported, tool caches (`__pycache__`,
   ...) are reported as "cache" skips and never read, even when tracked: neither is source;
-- a nested repository (a directory git reports as one, or a submodule's work tree) is listed as
+- a nested repository (a directory git reports as one: a checked-out submodule too) is listed as
   git lists it from inside: its own .gitignore files, `info/exclude` and index, not the outer
-  tree's rules (unless those ignore it whole, as git does);
+  tree's rules (unless those ignore it whole, as git does); a submodule not checked out is an
+  empty directory;
 - symlinks are never followed: one git lists is a "symlink" skip; FIFOs, sockets and devices are
   left out silently (git does not list them);
 - a directory git passed over with nothing listed is still reported: as a "dir" event when it is
@@ -50,7 +51,6 @@ from multiagenttrainer.corpus.gitview import GitRunner, GitView, git_runner
 from multiagenttrainer.corpus.ignore import PathSelector
 from multiagenttrainer.corpus.listing_cache import (
     FOLLOW,
-    TYPE_DIR,
     TYPE_FILE,
     TYPE_SYMLINK,
     Records,
@@ -162,8 +162,8 @@ class _Listing:
                 self.entries.append((key, FILE, size, mtime_ns))
             elif kind == TYPE_SYMLINK:
                 self.entries.append((key, SYMLINK, 0, 0))
-            elif kind == TYPE_DIR and key[len(prefix) :] in view.tracked and key + b"/" not in nested:
-                nested.append(key + b"/")  # a submodule's work tree that git did not report as a repository
+            # else gone, or a directory: a submodule (git reports it as a nested repository when it is
+            # checked out) or a tracked file replaced by a directory (its files are listed as untracked)
         return nested
 
     def add_silent_dirs(self, entered: set[bytes]) -> bool:

@@ -202,6 +202,13 @@ def test_submodules_are_read_as_their_own_repositories(tmp_path: Path) -> None:
     assert [e.rel for e in walked(clone) if e.rel.startswith("libs")] == ["libs", "libs/lib"]
 
 
+def test_a_tracked_file_replaced_by_a_directory_is_listed_once(tmp_path: Path) -> None:
+    root = work_tree(tmp_path / "wt", {"a.txt": "a", "b.py": "b"}, track=("a.txt", "b.py"))
+    (root / "a.txt").unlink()
+    write_tree(root, {"a.txt/inner.py": "i"})
+    assert files_of(walked(root)) == {"a.txt/inner.py", "b.py"} == git_listing(root, tmp_path) - {"a.txt"}
+
+
 def test_tracked_files_are_never_ignored_but_caches_are_never_read(tmp_path: Path) -> None:
     files = {
         ".gitignore": "*.log\nbuild/\n!__pycache__/\n",  # a cache taken back: not read either

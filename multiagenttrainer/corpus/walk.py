@@ -146,8 +146,10 @@ class _Listing:
         """Add the files git keeps, stat-ed; returns the nested repositories (keys) to list."""
         nested = [prefix + path for path in view.untracked if path[-1:] == b"/"]
         files = [path for path in view.untracked if path[-1:] != b"/"] if nested else list(view.untracked)
-        if view.tracked:
+        if view.tracked:  # tracked files in a nested repository are its business, as in git from inside
             files = sorted(view.tracked.union(files))
+            if nested:
+                files = [path for path in files if not (prefix + path).startswith(tuple(nested))]
         keys = [prefix + path for path in files] if prefix else files
         fields = listing_cache.stat_fields(self.top_bytes, bytes(len(keys)), keys)
         if self.records is not None:

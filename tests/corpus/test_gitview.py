@@ -178,6 +178,12 @@ def test_a_nested_repository_is_listed_by_its_own_rules(tmp_path: Path) -> None:
     assert ("ignored-repo", "ignored") in {(e.rel, e.reason) for e in events if e.is_dir}
 
 
+def test_files_the_outer_index_tracks_in_a_nested_repository_follow_its_rules(tmp_path: Path) -> None:
+    root = work_tree(tmp_path / "outer", {"inner/x.log": "x", "inner/y.py": "y"}, track=("inner/x.log",))
+    work_tree(root / "inner", {".gitignore": "*.log\n"})
+    assert files_of(walked(root)) == {"inner/.gitignore", "inner/y.py"}
+
+
 def test_submodules_are_read_as_their_own_repositories(tmp_path: Path) -> None:
     lib = work_tree(tmp_path / "lib", {".gitignore": "*.tmp\n", "lib.py": "l", "docs/x.md": "x"})
     git(lib, "add", "-A")

@@ -136,14 +136,13 @@ def detect_secrets_figures(
 
 
 def finds(collection_type: Any, tmp: Path, credential: FakeCredential) -> bool:
-    """Whether detect-secrets reports a value that is (part of) the form's secret."""
+    """Whether detect-secrets flags the form's file (each holds one secret, so any finding counts)."""
     target = tmp / f"fake{abs(hash(credential.text))}" / credential.filename
     target.parent.mkdir()
     target.write_text(credential.text)
     collection = collection_type()
     collection.scan_file(str(target))
-    values = [secret.secret_value or "" for _, secret in collection]
-    return any(len(v) >= 8 and (v in credential.secret or credential.secret in v) for v in values)
+    return any(True for _ in collection)
 
 
 def main() -> None:

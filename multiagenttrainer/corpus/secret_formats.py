@@ -25,7 +25,8 @@ turns these into rules; its docstring lists what the other rules (names, headers
   shopify-token         shpat_/shpca_/shppa_/shpss_ + 32 hex
   digitalocean-token    dop_v1_/doo_v1_/dor_v1_ + 64 hex
   databricks-token      dapi + 32 hex (and an optional -N)
-  azure-client-secret   3 characters, a digit, Q~, then 31 to 34 (Entra ID client secrets)
+  azure-client-secret   3 characters, 8Q~, then 31 to 34 (Entra ID client secrets of the current
+                        generation; older ones with another digit before Q~ are not covered)
   azure-sas-signature   the sig= of a shared access signature (20 or more)
   jwt                   three base64url parts: eyJ....eyJ....signature
 """
@@ -103,11 +104,11 @@ TOKEN_FORMATS: tuple[TokenFormat, ...] = (
     TokenFormat(
         "databricks-token", (b"dapi",), re.compile(rb"dapi[a-f0-9]{32}(?:-[0-9]+)?(?![A-Za-z0-9_-])")
     ),
-    TokenFormat(
+    TokenFormat(  # the trigger has the digit: a 2-byte trigger would slow the whole pre-filter down 3x
         "azure-client-secret",
-        (b"Q~",),
-        re.compile(rb"[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9_~.-])"),
-        offset=-4,
+        (b"8Q~",),
+        re.compile(rb"[A-Za-z0-9_~.-]{3}8Q~[A-Za-z0-9_~.-]{31,34}(?![A-Za-z0-9_~.-])"),
+        offset=-3,
     ),
     TokenFormat(
         "azure-sas-signature",

@@ -308,14 +308,17 @@ NETRC_ENTRY = re.compile(
     rb"(?:machine\s+\S+|default)(?:\s+(?:login|account|port)\s+\S+)*"
     rb"\s+(?P<keyword>password)[ \t]+(?P<secret>\S+)"
 )
+NETRC_VALUE_FOLLOWS = re.compile(rb"[ \t]+[^\s=:]")
 NETRC_WINDOW = 256  # how far before `password` its entry's `machine` may be
 
 
 def collect_netrc(rule: Rule, data: bytes, start: int, end: int, spans: list[Span], _seen: SeenNames) -> None:
     """The password of a .netrc entry: `machine HOST [login USER] password SECRET`."""
-    begin = start - 1  # the trigger is "assw"
+    begin = start - 2  # the trigger is "ssw"
     if data[begin : begin + 8] != b"password" or not data[begin - 1 : begin].isspace():
         return
+    if NETRC_VALUE_FOLLOWS.match(data, begin + 8) is None:
+        return  # `password = ...`, `password:`: an assignment, not a .netrc entry
     for keyword in NETRC_KEYWORD.finditer(data, max(0, begin - NETRC_WINDOW), begin):
         match = NETRC_ENTRY.match(data, keyword.start())
         if match is not None and match.start("keyword") == begin:
@@ -346,12 +349,15 @@ AUTH_NAME = rb"(?<![A-Za-z0-9_.-])_?auth"
 NAME_START = rb"(?:(?<![A-Za-z0-9_.:/-])|(?<=:)(?=_))[A-Za-z0-9_.-]*?"
 AWS_SECRET_NAME = rb"(?:(?:aws[_-]?)?secret[_-]?access[_-]?key|aws[_-]?secret[_-]?key)"
 
-# Triggers for names are fragments that cover their spellings (`assw`: password, Password, passwd;
-# `piKey`: apiKey, ApiKey). The automaton stays SIMD-fast only up to 64 triggers in all.
+# Triggers for names are fragments that cover their spellings (`ssw`: password, Password, passwd;
+# `piKey`: apiKey, ApiKey). The automaton stays SIMD-fast (Teddy) only up to 64 triggers in all,
+# and only while every trigger has 3 bytes or more whose first 3 are rare in code: its candidates
+# are the positions where some trigger's first 3 bytes match, so `ssw` rather than `assw` ("class"),
+# `rization` rather than `uthorization` ("auth"), `rer ` rather than `earer ` ("clear", "year").
 # "token" is everywhere in code (tokenizers, parsers, pagination), so it triggers only when a
 # quote, a backslash (escaped JSON) or an assignment follows it, or in upper case (`API_TOKEN`).
 SECRET_TRIGGERS = (b"ecret", b"ECRET")
-PASSWORD_TRIGGERS = (b"assw", b"ASSW")
+PASSWORD_TRIGGERS = (b"ssw", b"SSW")
 ASSIGNMENT_TRIGGERS = (
     SECRET_TRIGGERS
     + PASSWORD_TRIGGERS
@@ -393,22 +399,22 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "authorization",
-        (b"uthorization",),
+        (b"rization",),
         re.compile(
             rb"""(?i:authorization)\\*["']?[ \t]*(?P<op>[:=])[ \t]*(?P<quote>\\*["'])?[ \t]*"""
             rb"""(?:(?P<scheme>(?i:bearer|basic|token|bot|apikey|api-key|sso-key))[ \t]+)?"""
             rb"""(?P<secret>[A-Za-z0-9_.~+/-]+=*)(?![A-Za-z0-9_.~+/=(\[-])"""
         ),
         collect_token,
-        offset=-1,
+        offset=-5,
         accept=accept_authorization,
     ),
     Rule(
         "bearer-token",
-        (b"earer ",),
+        (b"rer ",),
         re.compile(rb"[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9_.~+/-]{16,}=*)(?![A-Za-z0-9_.~+/=(\[-])"),
         collect_token,
-        offset=-1,
+        offset=-3,
         accept=accept_generated,
     ),
     Rule(
@@ -431,7 +437,7 @@ RULES: tuple[Rule, ...] = (
         ),
         collect_assignment,
     ),
-    Rule("netrc", (b"assw",), NETRC_ENTRY, collect_netrc),
+    Rule("netrc", (b"ssw",), NETRC_ENTRY, collect_netrc),
     Rule("secret-assignment", ASSIGNMENT_TRIGGERS, assignment_pattern(), collect_assignment),
 )
 RULE_ORDER = {rule.name: index for index, rule in enumerate(RULES)}

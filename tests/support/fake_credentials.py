@@ -417,7 +417,7 @@ FORMS: tuple[Form, ...] = (
         "env",
         ".env",
         "AZURE_CLIENT_SECRET={s}\n",
-        lambda d: d.alnum(3) + d.chars(DIGITS, 1) + "Q~" + d.chars(ALNUM + "_~.-", 34),
+        lambda d: d.alnum(3) + "8Q~" + d.chars(ALNUM + "_~.-", 34),
     ),
     # npm
     form(

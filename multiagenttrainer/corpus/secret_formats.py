@@ -2,7 +2,8 @@
 
 Each format is a literal the token always holds (the pre-filter's trigger), where the token starts
 relative to it, and a pattern for the whole token as the provider documents it (prefix, alphabet,
-length). A match is a secret wherever it appears: in code, config, a header or a URL. secrets.py
+length). A match is a secret wherever it appears: in code, config, a header or a URL. Every length has
+an upper bound, so that hostile input (a trigger repeated along a long line) costs linear time. secrets.py
 turns these into rules; its docstring lists what the other rules (names, headers, URLs) cover.
 
   aws-access-key        AKIA/ASIA + 16 upper-case letters or digits (20 characters)
@@ -63,36 +64,36 @@ TOKEN_FORMATS: tuple[TokenFormat, ...] = (
         rb"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
     ),
     token("gitlab-token", (b"glpat-",), rb"glpat-[A-Za-z0-9_.-]{20,255}"),
-    token("slack-token", (b"xox",), rb"xox[abposr]-[A-Za-z0-9-]{10,}"),
+    token("slack-token", (b"xox",), rb"xox[abposr]-[A-Za-z0-9-]{10,1024}"),
     TokenFormat(
         "slack-webhook",
         (b"hooks.slack.com",),
-        re.compile(rb"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<secret>[A-Za-z0-9_/+-]{8,})"),
+        re.compile(rb"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<secret>[A-Za-z0-9_/+-]{8,1024})"),
     ),
     TokenFormat("google-api-key", (b"AIza",), re.compile(rb"AIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])")),
     TokenFormat(
         "google-oauth",
         (b"GOCSPX-", b"ya29."),
-        re.compile(rb"(?:GOCSPX-[A-Za-z0-9_-]{28}|ya29\.[A-Za-z0-9_-]{20,})(?![A-Za-z0-9_-])"),
+        re.compile(rb"(?:GOCSPX-[A-Za-z0-9_-]{28}|ya29\.[A-Za-z0-9_-]{20,1024})(?![A-Za-z0-9_-])"),
     ),
-    token("stripe-key", (b"_live_",), rb"[sr]k_live_[0-9A-Za-z]{10,}", offset=-2),
-    token("stripe-webhook-secret", (b"whsec_",), rb"whsec_[A-Za-z0-9+/]{32,}"),
+    token("stripe-key", (b"_live_",), rb"[sr]k_live_[0-9A-Za-z]{10,1024}", offset=-2),
+    token("stripe-webhook-secret", (b"whsec_",), rb"whsec_[A-Za-z0-9+/]{32,1024}"),
     TokenFormat(
         "anthropic-key",
         (b"sk-",),
-        re.compile(rb"sk-ant-(?:api|admin|oat|ort)[0-9]{2}-[A-Za-z0-9_-]{20,}(?![A-Za-z0-9_-])"),
+        re.compile(rb"sk-ant-(?:api|admin|oat|ort)[0-9]{2}-[A-Za-z0-9_-]{20,1024}(?![A-Za-z0-9_-])"),
     ),
     TokenFormat(
         "openai-key",
         (b"sk-",),
         re.compile(
-            rb"sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}"
-            rb"|(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{32,})(?![A-Za-z0-9_-])"
+            rb"sk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,1024}|[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}"
+            rb"|(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{32,1024})(?![A-Za-z0-9_-])"
         ),
     ),
     token("huggingface-token", (b"hf_",), rb"hf_[A-Za-z]{34}"),
     token("npm-token", (b"npm_",), rb"npm_[A-Za-z0-9]{36}"),
-    TokenFormat("pypi-token", (b"pypi-Ag",), re.compile(rb"pypi-Ag[A-Za-z0-9_-]{50,}(?![A-Za-z0-9_-])")),
+    TokenFormat("pypi-token", (b"pypi-Ag",), re.compile(rb"pypi-Ag[A-Za-z0-9_-]{50,1024}(?![A-Za-z0-9_-])")),
     TokenFormat(
         "sendgrid-key",
         (b"SG.",),
@@ -113,11 +114,11 @@ TOKEN_FORMATS: tuple[TokenFormat, ...] = (
     TokenFormat(
         "azure-sas-signature",
         (b"sig=",),
-        re.compile(rb"sig=(?P<secret>[A-Za-z0-9%+/]{20,}(?:%3[Dd]|=){0,2})(?![A-Za-z0-9%+/=])"),
+        re.compile(rb"sig=(?P<secret>[A-Za-z0-9%+/]{20,1024}(?:%3[Dd]|=){0,2})(?![A-Za-z0-9%+/=])"),
     ),
     TokenFormat(
         "jwt",
         (b"eyJ",),
-        re.compile(rb"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
+        re.compile(rb"eyJ[A-Za-z0-9_-]{8,4096}\.eyJ[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,4096}"),
     ),
 )

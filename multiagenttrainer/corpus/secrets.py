@@ -188,10 +188,14 @@ def name_start(data: bytes, start: int) -> int:
     return start
 
 
+MAX_LINE_LOOK = 16384  # no value is longer: the rest of a longer line is not looked at
+
+
 def line_end_after(data: bytes, position: int) -> int:
-    """The end of the line holding `position` (its newline, or the end of the data)."""
-    end = data.find(b"\n", position)
-    return len(data) if end == -1 else end
+    """The end of the line holding `position` (its newline, or the end of the data), at most
+    MAX_LINE_LOOK bytes on: hits along a hostile megabyte-long line must not each scan all of it."""
+    end = data.find(b"\n", position, position + MAX_LINE_LOOK)
+    return min(len(data), position + MAX_LINE_LOOK) if end == -1 else end
 
 
 def collect_assignment(
@@ -250,14 +254,12 @@ def is_prose_or_annotation(rest_of_line: bytes) -> bool:
 
 def is_named_secret(match: re.Match[bytes], value: bytes, *, quoted: bool) -> bool:
     """Whether the value of a credential-named key is a secret, by what the name asks of it."""
-    if is_placeholder(value, quoted=quoted):
-        return False
     groups = match.re.groupindex
-    if "auth" in groups and match.group("auth") is not None:
-        return BASE64_VALUE.fullmatch(value) is not None
-    if "weak" in groups and match.group("weak") is not None:
-        return looks_generated(b"".join(value.split()))
-    return True
+    if "auth" in groups and match.group("auth") is not None and BASE64_VALUE.fullmatch(value) is None:
+        return False
+    if "weak" in groups and match.group("weak") is not None and not looks_generated(b"".join(value.split())):
+        return False
+    return not is_placeholder(value, quoted=quoted)
 
 
 MAX_BLOCK_LINES = 100
@@ -286,14 +288,19 @@ def block_scalar(data: bytes, name_at: int, line_end: int) -> tuple[int, int] | 
 
 NOT_BASE64 = re.compile(rb"[^A-Za-z0-9+/=]")
 MIN_KEY_BODY_CHARS = 32
+MAX_KEY_BYTES = 16384  # an END line further on than this is not this block's
 
 
 def collect_key_block(
     rule: Rule, data: bytes, start: int, end: int, spans: list[Span], _seen: SeenNames
 ) -> None:
-    """The body of a PEM private key block whose BEGIN line holds the trigger."""
+    """The body of a PEM private key block whose BEGIN line holds the trigger, up to its END line
+    (or the end of the data, when that is near)."""
     begin = data.rfind(b"-----BEGIN", max(0, start - 64), start)
-    match = rule.pattern.match(data, begin) if begin != -1 else None
+    end_at = data.find(b"-----END", end, end + MAX_KEY_BYTES)
+    if begin == -1 or (end_at == -1 and len(data) > end + MAX_KEY_BYTES):
+        return
+    match = rule.pattern.match(data, begin, len(data) if end_at == -1 else end_at)
     if match is None:
         return
     body = match.group("secret")
@@ -332,10 +339,10 @@ OPERATOR = (
     rb"""(?:(?:\\*["'])?[ \t]*(?P<op>:=|=>|=(?!=)|:(?![:=]))|\\*["'][ \t]+(?:value|content)[ \t]*=)[ \t]*"""
 )
 VALUE = (  # a string in any quotes (escapes allowed, or itself escaped), a block scalar, or a bare word
-    rb'''(?:"""(?P<tdq>[^\n]*?)"""|"(?P<dq>(?:[^"\\\n]|\\.)*)"|'(?P<sq>(?:[^'\\\n]|\\.)*)\''''
-    rb'''|`(?P<bq>[^`\n]*)`|(?P<esc>\\+)"(?P<edq>[^"\n]*?)(?P=esc)"'''
+    rb'''(?:"""(?P<tdq>[^\n]{0,4096}?)"""|"(?P<dq>(?:[^"\\\n]|\\.){0,8192})"|'(?P<sq>(?:[^'\\\n]|\\.){0,8192})\''''
+    rb'''|`(?P<bq>[^`\n]{0,4096})`|(?P<esc>\\{1,8})"(?P<edq>[^"\n]{0,8192}?)(?P=esc)"'''
     rb"""|(?P<block>[|>][-+0-9]{0,2})[ \t]*(?=\#|$)"""
-    rb"""|(?P<bare>(?:[^\s"'`,;)\]}<>\\]|\\(?![nrt"\\]))+))"""
+    rb"""|(?P<bare>[^\s"'`,;)\]}<>\\]{1,1024}))"""
 )
 ELEMENT = rb">(?P<elem>[^<\n]{1,256})</"
 STRONG_NAME = (
@@ -387,8 +394,7 @@ RULES: tuple[Rule, ...] = (
         "private-key",
         (b"PRIVATE KEY",),
         re.compile(
-            rb"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?P<secret>.*?)"
-            rb"(?=-----END[A-Z0-9 ]*PRIVATE KEY|\Z)",
+            rb"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?P<secret>.*)\Z",
             re.S,
         ),
         collect_key_block,
@@ -403,7 +409,7 @@ RULES: tuple[Rule, ...] = (
         re.compile(
             rb"""(?i:authorization)\\*["']?[ \t]*(?P<op>[:=])[ \t]*(?P<quote>\\*["'])?[ \t]*"""
             rb"""(?:(?P<scheme>(?i:bearer|basic|token|bot|apikey|api-key|sso-key))[ \t]+)?"""
-            rb"""(?P<secret>[A-Za-z0-9_.~+/-]+=*)(?![A-Za-z0-9_.~+/=(\[-])"""
+            rb"""(?P<secret>[A-Za-z0-9_.~+/-]{1,1024}=*)(?![A-Za-z0-9_.~+/=(\[-])"""
         ),
         collect_token,
         offset=-5,
@@ -412,7 +418,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "bearer-token",
         (b"rer ",),
-        re.compile(rb"[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9_.~+/-]{16,}=*)(?![A-Za-z0-9_.~+/=(\[-])"),
+        re.compile(rb"[Bb]earer[ \t]+(?P<secret>[A-Za-z0-9_.~+/-]{16,1024}=*)(?![A-Za-z0-9_.~+/=(\[-])"),
         collect_token,
         offset=-3,
         accept=accept_generated,
@@ -475,6 +481,8 @@ def _required_byte(rules: tuple[Rule, ...]) -> int:
     return needs.pop()[0] if len(needs) == 1 and b"" not in needs else -1
 
 
+# Per trigger: the first of its rules in RULES order (splice prefers earlier rules).
+TRIGGER_RANK = tuple(min(RULE_ORDER[rule.name] for rule in rules) for rules in TRIGGER_RULES)
 # Per trigger: the byte its rules need somewhere in the file, or -1 (the native encoder reads this too).
 TRIGGER_REQUIRES = tuple(_required_byte(rules) for rules in TRIGGER_RULES)
 REQUIRED_BYTES = frozenset(required for required in TRIGGER_REQUIRES if required >= 0)
@@ -496,16 +504,29 @@ def redact_secrets(data: bytes, hits: Hits | None = None) -> tuple[bytes, dict[s
     if hits is None:
         hits = SCANNER.find_matches_as_indexes(data)
     hits = relevant_hits(data, hits) if hits else hits
-    if not hits:
-        return data, {}
+    spans = collect_spans(data, hits) if hits else []
+    return splice(data, spans) if spans else (data, {})
+
+
+def collect_spans(data: bytes, hits: Hits) -> list[Span]:
+    """What each hit's rules find at it. A hit inside a span found already is passed over unless
+    one of its rules comes first in RULES (splice would drop what it finds): this also keeps
+    hostile input linear (`xoxb-xoxb-xoxb-...` along a megabyte line is one token)."""
     spans: list[Span] = []
     seen: SeenNames = set()
+    covered, cover_rank = 0, 0  # where the spans so far end, and the rank of the rule that got there
     for trigger, start, end in hits:
+        inside = start < covered
+        if inside and TRIGGER_RANK[trigger] >= cover_rank:
+            continue
+        found = len(spans)
         for rule in TRIGGER_RULES[trigger]:
-            rule.collect(rule, data, start, end, spans, seen)
-    if not spans:
-        return data, {}
-    return splice(data, spans)
+            if not inside or RULE_ORDER[rule.name] < cover_rank:
+                rule.collect(rule, data, start, end, spans, seen)
+        for _, span_end, name in spans[found:]:
+            if span_end > covered:
+                covered, cover_rank = span_end, RULE_ORDER[name]
+    return spans
 
 
 def splice(data: bytes, spans: list[Span]) -> tuple[bytes, dict[str, int]]:

@@ -254,3 +254,17 @@ def test_a_changed_rule_set_changes_the_corpus_fingerprint() -> None:
         ruleset_digest((*RULES[:-1], dataclasses.replace(last, triggers=last.triggers[:-1])))
         != RULESET_DIGEST
     )
+
+
+HOSTILE_LINES = [b"password=", b"xoxb-", b"-----BEGIN PRIVATE KEY-----", b"ecret=", b"_auth=", b'token = "']
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("piece", HOSTILE_LINES)
+def test_hostile_input_costs_linear_time(piece: bytes) -> None:
+    """One megabyte-long line of a trigger over and over (a .md file may have such lines): every value
+    and line look is bounded and hits inside a found secret are passed over, so this takes seconds;
+    with unbounded values or line scans it took hours."""
+    data = b"x " + piece * (1_000_000 // len(piece)) + b"\n"
+    redacted, _ = redact_secrets(data)
+    assert redacted.startswith(b"x ")

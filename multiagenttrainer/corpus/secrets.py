@@ -11,7 +11,7 @@ the line) is kept.
 Rules (name: what is redacted):
   private-key         the body of a -----BEGIN ... PRIVATE KEY----- block (BEGIN/END lines kept),
                       also inside a JSON string (`\\n` escapes)
-  <provider tokens>   23 formats with documented prefixes and lengths: see secret_formats.py
+  <provider tokens>   22 formats with documented prefixes and lengths: see secret_formats.py
   authorization       the credentials of an Authorization header (Bearer, Basic, token, Bot, ...)
                       in any syntax: HTTP, curl -H, JSON, dicts, escaped JSON
   bearer-token        a generated-looking value after `Bearer ` anywhere else
@@ -26,21 +26,23 @@ Rules (name: what is redacted):
                       value="..."`) and elements (`<password>...</password>`). Names ending in
                       password, passwd, passphrase, pwd, secret, secret_key, private_key (also
                       with _id, _base, _value, _b64, ...), or _pass/-pass: any literal; names
-                      ending in token, api_key/apikey, access_key, auth_key, account_key
-                      (AccountKey, SharedAccessKey) or an upper-case name ending in _KEY
-                      (`OPENAI_KEY`): a literal that looks generated (8+ characters without spaces,
-                      with both letters and digits); `_auth` (.npmrc) and `"auth"` (docker's
-                      config.json): a base64 value
+                      ending in token, api_key/apikey, access_key, account_key (AccountKey,
+                      SharedAccessKey), -key (x-api-key) or an upper-case name ending in _KEY
+                      (`OPENAI_KEY`, `AUTH_KEY`): a literal that looks generated (8+ characters
+                      without spaces, with both letters and digits); `_auth` (.npmrc) and `"auth"`
+                      (docker's config.json): a base64 value
 
 Names are found in the spellings the triggers cover: lower, UPPER, Capitalised and camelCase
-(`apiKey`); `pass` only as a suffix (`DB_PASS`, `smtp-pass`); names ending in token only when a
-quote or the assignment directly follows (`token = ...`, `"token": ...`).
+(`apiKey`); `pass` only as a suffix (`DB_PASS`, `smtp-pass`); names ending in token only in
+upper case or when a quote, a backslash or the assignment directly follows (`token = ...`,
+`"token": ...`).
 
 Placeholders are left alone: values under 4 characters, `${VAR}`, `$(cmd)`, `<...>`, `{{...}}`,
 `{name}`, `%(x)s`, masks such as `****` or `xxxx`, and words or parts such as changeme, example,
 your_token_here, dummy, redacted (so AWS's documented ...EXAMPLE keys stay). For unquoted values,
 code is left alone too: calls, indexing, attribute access (`self.token`, `os.environ[...]`),
-numbers, type names, paths, and variables named like a secret (`password = new_password`).
+numbers, type names, paths, variables (a lowercase or camelCase word without digits, such as
+`password = acct`), and the targets of a tuple assignment (`user, password = "a", "b"`).
 
 Not covered: secrets with no name, prefix or header around them (a bare random string), values
 split across lines or built by code, and names outside the lists above (`credentials = "..."`).

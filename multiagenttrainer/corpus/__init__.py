@@ -10,6 +10,7 @@ Modules, in the order data flows through them:
     filters.py   path and content rules, each a named skip reason
     plan.py      listing every tree (dir, git, docs) into the files to read
     secrets.py   secret redaction rules behind a literal pre-filter
+    secret_formats.py  provider token formats (prefixes, lengths) the redaction rules use
     chunks.py    the per-file hot loop, run in worker processes
     accel.py     the C accelerators (native/statfields.c, native/encode.c) when they are built
     assemble.py  stitching chunks together in order, cross-chunk dedupe, atomic outputs

@@ -22,6 +22,7 @@ from multiagenttrainer.corpus.filters import (
     decode_text,
 )
 from tests.corpus.conftest import dir_snapshot, write_tree
+from tests.support.fake_credentials import fake_credentials
 
 LIMIT = 1 << 20
 VOLATILE = ("build_seconds", "created_at", "paths", "native", "workers")
@@ -130,12 +131,16 @@ TRICKY_FILES: dict[str, str | bytes] = {
 
 
 def build_both_ways(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **options: Any
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    files: dict[str, str | bytes] = TRICKY_FILES,
+    **options: Any,
 ) -> list[Path]:
     from multiagenttrainer.config import CorpusConfig
     from multiagenttrainer.corpus import build_corpus
 
-    root = write_tree(tmp_path / "tree", TRICKY_FILES)
+    root = write_tree(tmp_path / "tree", files)
     outputs = []
     for setting in ("1", "0"):
         monkeypatch.setenv(accel.DISABLE_VARIABLE, setting)
@@ -184,6 +189,29 @@ def test_corpus_is_byte_identical_with_and_without_the_native_encoder(
     assert "s3cr3tPass9" not in text and "postgres://admin:<REDACTED:url-credentials>@db.internal" in text
     assert "https://example.com/a and https://example.org/b, or mail me@example.com." in text
     assert "path: docs/paragraph.md" in text  # prose keeps its long lines
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_credential_family_is_redacted_the_same_way_natively(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Each family's hits reach the Python rules from the C encoder: the same corpus, byte for byte.
+    Every form also sits inside ordinary code, so the native path sees it in a plain file."""
+    credentials = fake_credentials()
+    filler = "def handler(request):\n    return request.json()\n" * 40
+    files: dict[str, str | bytes] = {
+        f"{c.provider.lower()}/{i:02d}/{c.filename}": filler + c.text + filler
+        for i, c in enumerate(credentials)
+    }
+    with_native, without = build_both_ways(tmp_path, monkeypatch, workers, files=files)
+    for name in ("corpus.txt", "corpus.jsonl", "stats.cmp"):
+        assert (with_native / name).read_bytes() == (without / name).read_bytes(), name
+    stats = orjson.loads((with_native / "stats.cmp").read_bytes())
+    assert stats["secrets_redacted"] == len(credentials)
+    text = (with_native / "corpus.jsonl").read_text()
+    assert not [
+        c.provider for c in credentials if c.secret in text or orjson.dumps(c.secret)[1:-1].decode() in text
+    ]
 
 
 def test_options_apply_the_same_way_natively(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

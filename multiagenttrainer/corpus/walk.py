@@ -80,10 +80,16 @@ class WalkEvent(NamedTuple):
     is_dir: bool = False  # skips: a whole directory
 
 
+def walk_root(root: Path | str) -> str:
+    """The absolute, symlink-free path a walk starts from: every path it lists then has no symbolic link
+    in it, which is what lets the reader refuse any link met while it opens a file (chunks.open_beneath)."""
+    return os.path.realpath(os.path.abspath(root))
+
+
 def walk_events(root: Path) -> list[WalkEvent]:
     """Every entry of the tree under root as git sees it, in sorted path order."""
     with git_runner() as git:
-        return _walk(str(Path(root).absolute()), git, None)
+        return _walk(walk_root(root), git, None)
 
 
 def _walk(top: str, git: GitRunner, records: Records | None) -> list[WalkEvent]:
@@ -339,7 +345,7 @@ def list_directory(
     The listing is remembered (a few, by root and fingerprint) for `recent_listing`. With a cache
     directory, a snapshot of the walk is stored there for `directory_fingerprint`.
     """
-    top = str(Path(root).absolute())
+    top = walk_root(root)
     with listing_cache.snapshot_writer(cache_dir, top, selector, salt) as snapshot, git_runner() as git:
         records = Records() if snapshot is not None else None
         events = _walk(top, git, records)
@@ -366,7 +372,7 @@ def files_fingerprint(events: list[WalkEvent], selector: PathSelector | None, sa
 
 def recent_listing(root: str, fingerprint: str) -> DirListing | None:
     """The listing this process made of root with that fingerprint, if it still has it."""
-    return _recent.get((str(Path(root).absolute()), fingerprint))
+    return _recent.get((walk_root(root), fingerprint))
 
 
 def directory_fingerprint(
@@ -374,7 +380,7 @@ def directory_fingerprint(
 ) -> str:
     """The fingerprint of list_directory; from the snapshot in cache_dir, without a walk, when nothing
     it recorded has changed."""
-    top = str(Path(root).absolute())
+    top = walk_root(root)
     usable = listing_cache.usable_cache(cache_dir, top)
     if usable is not None:
         cached = listing_cache.cached_fingerprint(usable, top, selector, salt)

@@ -258,3 +258,37 @@ def test_files_that_change_between_the_listing_and_the_build(
         )
         assert stats["files"] == 2 and stats["skipped"] == {"too_large": 1, "unreadable": 1}
         assert "g = 1\n" * 50 in (out / "corpus.txt").read_text()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_directory_swapped_for_a_link_during_the_build_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Between the listing and the read, `src/` is replaced by a link to a
+    directory outside the tree that holds files of the same names: nothing outside is read, with either
+    reader, and the files that moved away are counted unreadable."""
+    from multiagenttrainer.config import CorpusConfig
+    from multiagenttrainer.corpus import build_corpus
+    from multiagenttrainer.corpus.walk import list_directory
+
+    files = {"keep.py": "k = 1\n", "src/a.py": "a = 1\n", "src/deep/b.py": "b = 2\n"}
+    root = write_tree(tmp_path / "tree", files)
+    outside = write_tree(
+        tmp_path / "outside",
+        {"a.py": "OUTSIDE_MARKER = 1\n", "deep/b.py": "OUTSIDE_MARKER = 2\n"},
+    )
+    listing = list_directory(root)  # the build goes through this listing, made before the swap
+    os.rename(root / "src", tmp_path / "moved-away")
+    os.symlink(outside, root / "src")
+    for setting in ("1", "0"):
+        monkeypatch.setenv(accel.DISABLE_VARIABLE, setting)
+        out = tmp_path / f"out-{setting}-{workers}"
+        stats = build_corpus(
+            [dir_snapshot(root, version=listing.fingerprint)],
+            CorpusConfig(),
+            out / "corpus.txt",
+            workers=workers,
+        )
+        assert "OUTSIDE_MARKER" not in (out / "corpus.txt").read_text()
+        assert "OUTSIDE_MARKER" not in (out / "corpus.jsonl").read_text()
+        assert stats["files"] == 1 and stats["skipped"] == {"unreadable": 2}

@@ -136,11 +136,87 @@ class LocalExecution(Model):
     type: Literal["local"] = "local"
 
 
-class SshExecution(Model):
+class RemoteExecution(Model):
+    """What the ssh and docker targets share: the Python there and the training command's environment."""
+
+    python: str = Field(
+        "python3",
+        description="Python on the target: runs mat's session helper, and the built-in train.py instead of "
+        "the interpreter mat runs under",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables set for training")
+    forward_env: list[str] = Field(
+        default_factory=lambda: ["MAT_FIXED_STEPS"],
+        description="Names of local environment variables passed on to training when they are set",
+    )
+
+    @field_validator("python")
+    @classmethod
+    def _one_word(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError("must be one command or path, for example python3 or /opt/venv/bin/python")
+        return value
+
+
+def split_ssh_host(value: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (IPv6 as `[::1]:22`) as (user or None, host, port or None)."""
+    user, _, rest = value.rpartition("@")
+    port: str | None = None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else None
+        if tail and port is None:
+            raise ValueError(f"{value!r} is not [user@]host[:port]; write an IPv6 address as [::1]:22")
+    elif rest.count(":") == 1:
+        host, port = rest.split(":")
+    else:
+        host = rest
+    if not host or any(c.isspace() or c in "/'\"" for c in host) or "@" in user:
+        raise ValueError(f"{value!r} is not [user@]host[:port], for example trainer@gpu-box.example.com:2222")
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"port {port!r} of {value!r} must be a number from 1 to 65535")
+    return user or None, host, int(port) if port else None
+
+
+class SshExecution(RemoteExecution):
     type: Literal["ssh"]
     ssh_host: str = Field(description="[user@]host[:port]")
-    ssh_key: str | None = Field(None, description="Private key path; SSH defaults otherwise")
-    remote_dir: str = "/tmp/mat-runs"
+    ssh_port: int | None = Field(
+        None, ge=1, le=65535, description="Port, when ssh_host has none; 22 if unset"
+    )
+    ssh_key: str | None = Field(
+        None, description="Private key path; the SSH agent and default keys otherwise"
+    )
+    remote_dir: str = Field("/tmp/mat-runs", description="Base directory on the host (absolute or ~/...)")
+    known_hosts: str | None = Field(
+        None, description="known_hosts file read besides ~/.ssh/known_hosts; accept_new writes here"
+    )
+    host_key_policy: Literal["strict", "accept_new"] = Field(
+        "strict", description="strict: unknown hosts are refused; accept_new: their key is recorded"
+    )
+    connect_timeout: float = Field(10, gt=0, description="Seconds to wait for the connection")
+    connect_attempts: int = Field(3, ge=1, description="Tries to connect, with backoff, before giving up")
+    alive_timeout: float = Field(
+        30, gt=0, description="Seconds without a sign of life from the host before the connection is lost"
+    )
+
+    @field_validator("ssh_host")
+    @classmethod
+    def _host_shape(cls, value: str) -> str:
+        split_ssh_host(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_port(self) -> SshExecution:
+        _, _, port = split_ssh_host(self.ssh_host)
+        if port is not None and self.ssh_port is not None and port != self.ssh_port:
+            raise ValueError(f"ssh_host says port {port} and ssh_port says {self.ssh_port}; keep one")
+        return self
+
+    def address(self) -> tuple[str | None, str, int]:
+        """(user or None, host, port) of the target."""
+        user, host, port = split_ssh_host(self.ssh_host)
+        return user, host, port or self.ssh_port or 22
 
     @field_validator("ssh_host")
     @classmethod
@@ -155,10 +231,20 @@ class SshExecution(Model):
         return value
 
 
-class DockerExecution(Model):
+class DockerExecution(RemoteExecution):
     type: Literal["docker"]
     container: str = Field(description="Name or id of a running container")
-    container_dir: str = "/tmp/mat-runs"
+    container_dir: str = Field("/tmp/mat-runs", description="Base directory inside the container (absolute)")
+    docker_host: str | None = Field(
+        None, description="Docker daemon URL; DOCKER_HOST or the default otherwise"
+    )
+
+    @field_validator("container_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path inside the container, for example /tmp/mat-runs")
+        return value
 
 
 ExecutionConfig = Annotated[LocalExecution | SshExecution | DockerExecution, Field(discriminator="type")]

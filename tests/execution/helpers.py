@@ -110,3 +110,25 @@ def wait_gone(marker: str, timeout_s: float = 10) -> None:
 
 def elapsed(since: float) -> float:
     return time.monotonic() - since
+
+
+def slow_remote_run_main(output_dir: str, corpus: str, execution_json: str, marker: str) -> None:
+    """Entry point of the resume test's child: a run on an SSH target whose experiment 1 trains for 300 s."""
+    import asyncio
+
+    from multiagenttrainer.config import AutoresearchConfig, SshExecution, TrainingConfig
+    from multiagenttrainer.experiments.loop import LoopOptions
+    from multiagenttrainer.experiments.runner import Runner
+    from tests.experiments.helpers import ScheduleAgent, install_train_py
+
+    training = TrainingConfig(max_experiments=3, execution=SshExecution.model_validate_json(execution_json))
+    schedule = {1: {"LEARNING_RATE": "0.003", "SLEEP_S": "300"}, 2: {"LEARNING_RATE": "0.002"}}
+    runner = Runner(
+        AutoresearchConfig(train_time=60), training, "killed", output_dir=output_dir,
+        agent=ScheduleAgent(schedule), options=LoopOptions(timeout_margin_s=600),
+    )  # fmt: skip
+    workspace = runner.setup_workspace(corpus)
+    install_train_py(workspace)
+    workspace.train_command = [*workspace.train_command, marker]  # marks the training processes in /proc
+    print(runner.run_id, flush=True)
+    asyncio.run(runner.run_experiments(workspace))

@@ -39,6 +39,7 @@ GRACE_S = 5.0  # between SIGTERM and SIGKILL on the target
 HELPER_NAME = "session.pyz"
 PYTHON_NAME = re.compile(r"python[0-9.]*")
 KILLED_LINE = "[mat] killed after {:.0f} s: the run exceeded its time limit"
+PENDING_MAX_BYTES = 1 << 16  # a partial line longer than this is written out without waiting for its end
 
 RemoteExecution = SshExecution | DockerExecution
 
@@ -204,13 +205,17 @@ def checked_relative(path: str) -> PurePosixPath:
 
 
 def local_destination(workspace: Path, relative: PurePosixPath) -> Path:
-    """Where a copied-back file goes; its directory (links resolved) must lie inside the workspace."""
-    root = workspace.resolve()
-    parent = (root / relative).parent
-    parent.mkdir(parents=True, exist_ok=True)
-    if parent.resolve() != root and root not in parent.resolve().parents:
-        raise ExperimentError(f"refused to copy back {str(relative)!r}: {parent} leads out of the workspace")
-    return parent.resolve() / relative.name
+    """Where a copied-back file goes: directories on the way are made, and must be real directories of the
+    workspace (a link there is refused, never followed)."""
+    current = workspace.resolve()
+    for part in relative.parts[:-1]:
+        current = current / part
+        if current.is_symlink() or (current.exists() and not current.is_dir()):
+            raise ExperimentError(
+                f"refused to copy back {str(relative)!r}: {current} is not a directory of the workspace"
+            )
+        current.mkdir(exist_ok=True)
+    return current / relative.name
 
 
 def write_file(destination: Path, source: Readable, mode: int = 0o644) -> None:
@@ -248,9 +253,11 @@ class LogWriter:
         self.pending = b""
 
     def feed(self, data: bytes) -> None:
-        lines, _, self.pending = (self.pending + data).rpartition(b"\n")
-        if lines:
-            self.log.write(lines + b"\n")
+        lines, newline, self.pending = (self.pending + data).rpartition(b"\n")
+        if len(self.pending) > PENDING_MAX_BYTES:  # progress bars redrawn with \r never end a line
+            lines, newline, self.pending = lines + newline + self.pending, b"", b""
+        if lines or newline:
+            self.log.write(lines + newline)
             self.log.flush()
 
     def close(self) -> None:
@@ -279,8 +286,16 @@ class ProtocolReader:
             self.log.feed(line + b"\n")  # the target's own complaints (python3: not found) are worth keeping
             return
         body = line[len(self.prefix) :].strip()
-        if body.startswith(b"{"):
-            self.outcome = json.loads(body)
+        if body == b"alive":
+            return
+        try:
+            report = json.loads(body)
+        except ValueError:
+            report = None
+        if isinstance(report, dict):
+            self.outcome = report  # the last report counts: the helper writes its own after the command ended
+        else:
+            self.log.feed(line + b"\n")
 
     def close(self) -> None:
         if self.pending:
@@ -294,6 +309,9 @@ def outcome_of(reader: ProtocolReader, exit_status: int | None, duration_s: floa
     if report is None:
         error = f"mat's session helper on {where} ended without a report (exit status {exit_status})"
         return RunOutcome(exit_code=exit_status, timed_out=False, duration_s=duration_s, error=error)
+    exit_code = report.get("exit_code")
+    if not isinstance(exit_code, int) or isinstance(exit_code, bool):
+        exit_code = None
     if report.get("survivors"):
         raise ExperimentError(
             f"processes {report['survivors']} of the training session on {where} survived SIGKILL; "
@@ -302,9 +320,7 @@ def outcome_of(reader: ProtocolReader, exit_status: int | None, duration_s: floa
     if report.get("error"):
         error = f"cannot start the training command on {where}: {report['error']}"
         return RunOutcome(exit_code=127, timed_out=False, duration_s=duration_s, error=error)
-    return RunOutcome(
-        exit_code=report.get("exit_code"), timed_out=bool(report.get("timed_out")), duration_s=duration_s
-    )
+    return RunOutcome(exit_code=exit_code, timed_out=report.get("timed_out") is True, duration_s=duration_s)
 
 
 def append_killed_line(log: IO[bytes], timeout_s: float) -> None:

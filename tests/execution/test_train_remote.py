@@ -204,3 +204,23 @@ def test_mat_train_in_a_container(
     listing = container.exec_run(["ls", f"{execution['container_dir']}/{run_dir.name}/docker/workspace"])
     assert b"train.py" in listing.output and b"data" in listing.output
     assert time.monotonic() - started < MAT_TIMEOUT_S
+
+
+def test_mat_train_refuses_an_unknown_host_in_one_line(
+    prefect_api: str,
+    tiny_source: Path,
+    sshd: Sshd,
+    ssh_user: SshUser,
+    client_key: tuple[KeyPair, Path],
+    tmp_path: Path,
+) -> None:
+    execution = ssh_execution(ssh_user, sshd, client_key[1], tmp_path)
+    Path(execution["known_hosts"]).write_text("")
+    config = write_config(tmp_path, tiny_source, execution, max_experiments=2)
+    log = tmp_path / "mat.log"
+    assert run_mat(config, log) == 1
+    output = log.read_text()
+    assert f"`ssh-keyscan -p {sshd.port} 127.0.0.1 >> {execution['known_hosts']}`" in output
+    assert "Traceback" not in output
+    state = json.loads((only_run_dir(tmp_path / "runs") / "run.json").read_text())
+    assert state["status"] == "failed" and "is not in known_hosts" in state["error"]

@@ -67,6 +67,7 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 BACKOFF_S = 1.0  # first pause between connection attempts; doubled after each
 DEADLINE_MARGIN_S = 30.0  # beyond timeout + grace + alive_timeout, mat stops waiting for the host's report
 POLL_S = 0.25
+NO_KEYS = "No authentication methods available"  # paramiko's words when it has no key to try
 TRANSIENT = (EOFError, TimeoutError, ConnectionError, paramiko.SSHException)  # a broken connection
 
 
@@ -249,6 +250,13 @@ class SshExecutor:
             raise MachineError(
                 f"{self.where} refused the keys offered ({exc}); add the public key to "
                 f"~{self.user}/.ssh/authorized_keys there, or set execution.ssh_key"
+            ) from None
+        except paramiko.SSHException as exc:
+            if NO_KEYS not in str(exc):
+                raise
+            raise MachineError(
+                f"no SSH key to offer {self.where}: set execution.ssh_key, add a key to the SSH agent "
+                "(ssh-add), or put one at ~/.ssh/id_ed25519"
             ) from None
         transport = client.get_transport()
         assert transport is not None

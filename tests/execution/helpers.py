@@ -22,6 +22,7 @@ for i in range(3):
     time.sleep(0.3)
 print("on stderr", file=sys.stderr, flush=True)
 print("X=" + os.environ.get("X", "-"), "FWD=" + os.environ.get("MAT_TEST_FORWARDED", "-"), flush=True)
+print("HOME=" + os.environ.get("HOME", "-"), flush=True)
 sys.exit(3)
 """
 

@@ -27,7 +27,7 @@ from tests.execution.helpers import (
     wait_gone,
     write_workspace,
 )
-from tests.experiments.helpers import processes_with
+from tests.experiments.helpers import processes_with, wait_for
 from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser
 
@@ -42,7 +42,12 @@ def remote_workspace(cfg: SshExecution, workspace: Path, machine: str = "ssh") -
 
 
 def test_output_streams_into_the_log_line_by_line_with_exit_code_and_environment(
-    sshd: Sshd, ssh_config: SshConfig, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd: Sshd,
+    ssh_config: SshConfig,
+    ssh_user: SshUser,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MAT_TEST_FORWARDED", "yes")
     cfg = ssh_config(sshd, env={"X": "42"}, forward_env=["MAT_TEST_FORWARDED"])
@@ -60,6 +65,7 @@ def test_output_streams_into_the_log_line_by_line_with_exit_code_and_environment
     lines = log.read_text().splitlines()
     assert lines[:3] == ["line 0", "line 1", "line 2"]
     assert "on stderr" in lines and "X=42 FWD=yes" in lines
+    assert f"HOME={ssh_user.home}" in lines  # the login's environment, not mat's
     assert not any(
         "alive" in line or "exit_code" in line for line in lines
     )  # the helper's protocol stays out
@@ -268,3 +274,33 @@ def test_over_a_namespace_host_a_dropped_link_is_a_crash_and_the_next_run_reconn
     executor.cleanup()
     assert (second.exit_code, second.error) == (0, None)
     wait_gone(marker)
+
+
+def test_without_ssh_key_the_agent_and_the_default_keys_are_used(
+    sshd: Sshd,
+    ssh_config: SshConfig,
+    client_key: tuple[KeyPair, Path],
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    cfg = ssh_config(sshd, ssh_key=None)
+    with pytest.raises(MachineError, match="no SSH key to offer .*: set execution.ssh_key, add a key to"):
+        SshExecutor(cfg).prepare(workspace)  # no key anywhere
+    client_key[0].write(home / ".ssh" / "id_ed25519")
+    SshExecutor(cfg).prepare(workspace)  # ~/.ssh/id_ed25519, as ssh would
+    (home / ".ssh" / "id_ed25519").unlink()
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(socket_path.exists, 10, "ssh-agent's socket")
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        subprocess.run(["ssh-add", "-q", str(client_key[1])], check=True, capture_output=True, timeout=30)
+        SshExecutor(cfg).prepare(workspace)  # the agent's key
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)

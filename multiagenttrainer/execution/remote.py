@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Protocol
 
 from multiagenttrainer import processes
-from multiagenttrainer.config import DockerExecution, SshExecution
+from multiagenttrainer.config import RemoteExecution
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution import session
 from multiagenttrainer.execution.base import RunOutcome
@@ -40,8 +40,6 @@ HELPER_NAME = "session.pyz"
 PYTHON_NAME = re.compile(r"python[0-9.]*")
 KILLED_LINE = "[mat] killed after {:.0f} s: the run exceeded its time limit"
 PENDING_MAX_BYTES = 1 << 16  # a partial line longer than this is written out without waiting for its end
-
-RemoteExecution = SshExecution | DockerExecution
 
 
 class Readable(Protocol):

@@ -71,8 +71,12 @@ NO_KEYS = "No authentication methods available"  # paramiko's words when it has 
 TRANSIENT = (EOFError, TimeoutError, ConnectionError, paramiko.SSHException)  # a broken connection
 
 
-class ConnectionLost(Exception):
+class ConnectionLost(ConnectionError):
     """The connection stopped answering in the middle of a run."""
+
+
+class RunOverdue(Exception):
+    """The host sent no outcome long after the run's time limit (its helper is stuck or gone)."""
 
 
 # ---------------------------------------------------------------- host keys
@@ -488,7 +492,7 @@ class SshExecutor:
             if now - seen > self.cfg.alive_timeout:
                 raise ConnectionLost(f"no answer for {self.cfg.alive_timeout:.0f} s")
             if now > deadline:
-                raise TimeoutError("the host did not end the run in time")
+                raise RunOverdue()
             if not got:
                 select.select([channel], [], [], POLL_S)
         channel.status_event.wait(self.cfg.alive_timeout)
@@ -513,8 +517,13 @@ class SshExecutor:
                     status = self.stream(conn, channel, writer, reader, deadline)
                 finally:
                     channel.close()
-            except (ConnectionLost, *TRANSIENT, OSError) as exc:
-                return self.lost(conn, workspace, writer, started, exc)
+            except RunOverdue:
+                self.stop(workspace)
+                writer.close()
+                append_killed_line(log_file, timeout_s)
+                return RunOutcome(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
+            except (*TRANSIENT, OSError) as exc:
+                return self.lost(conn, writer, started, exc)
             reader.close()
             writer.close()
             outcome = outcome_of(reader, status, time.monotonic() - started, self.where)
@@ -522,14 +531,10 @@ class SshExecutor:
                 append_killed_line(log_file, timeout_s)
         return outcome
 
-    def lost(
-        self, conn: Connection, workspace: Path, writer: LogWriter, started: float, exc: BaseException
-    ) -> RunOutcome:
+    def lost(self, conn: Connection, writer: LogWriter, started: float, exc: BaseException) -> RunOutcome:
         """The outcome of a run whose connection broke: a crash with the reason, noted in the log."""
         self.drop(conn)
         reason = f"lost the connection to {self.where} during training: {describe(exc)}"
-        if isinstance(exc, TimeoutError) and "in time" in str(exc):
-            reason = f"{self.where} did not end the run within its time limit; mat stopped it"
         writer.feed(f"\n[mat] {reason}\n".encode())
         writer.close()
         log.warning("%s", reason)
@@ -559,7 +564,7 @@ class SshExecutor:
                 log.error(
                     "processes %s on %s survived SIGKILL; kill them by hand", report["survivors"], self.where
                 )
-        except (MachineError, ConnectionLost, *TRANSIENT, OSError, ValueError) as exc:
+        except (MachineError, *TRANSIENT, OSError, ValueError) as exc:
             log.error(
                 "could not stop the training on %s (%s); its time limit there ends it",
                 self.where,

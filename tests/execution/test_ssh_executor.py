@@ -133,6 +133,18 @@ def test_children_left_behind_after_a_normal_exit_are_killed(
     assert processes_with(marker) == []
 
 
+def test_a_silent_run_on_a_healthy_connection_is_kept_alive_by_heartbeats(
+    sshd: Sshd, ssh_config: SshConfig, workspace: Path, tmp_path: Path
+) -> None:
+    executor = SshExecutor(ssh_config(sshd, alive_timeout=1.5))
+    write_workspace(workspace, {"train.py": "import time; time.sleep(4); print('done')\n"})
+    executor.prepare(workspace)
+    outcome = executor.run(workspace, [PY, "train.py"], 60, tmp_path / "exp.log", {})
+    executor.cleanup()
+    assert (outcome.exit_code, outcome.error) == (0, None)
+    assert (tmp_path / "exp.log").read_text() == "done\n"
+
+
 def test_stop_from_a_new_executor_kills_what_an_earlier_one_left_running(
     sshd: Sshd, ssh_config: SshConfig, workspace: Path, tmp_path: Path
 ) -> None:

@@ -75,9 +75,6 @@ def netns_host(ssh_user: SshUser, client_key: tuple[KeyPair, Path]) -> Iterator[
             server.stop()
 
 
-SshConfig = Callable[..., SshExecution]
-
-
 @pytest.fixture
 def ssh_config(
     ssh_user: SshUser, client_key: tuple[KeyPair, Path], tmp_path: Path

@@ -9,10 +9,13 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from multiagenttrainer.config import DockerExecution, SshExecution
 from multiagenttrainer.execution.base import Executor, RunOutcome
 from tests.experiments.helpers import processes_with, wait_for
 
 PY = sys.executable
+SshConfig = Callable[..., SshExecution]  # the ssh_config fixture: ssh_config(server, **fields)
+DockerConfig = Callable[..., DockerExecution]  # the docker_config fixture: docker_config(**fields)
 
 # Prints three lines a little apart, one on stderr, the environment it got, then exits with 3.
 TALKER = """\

@@ -6,13 +6,11 @@ from __future__ import annotations
 import io
 import tarfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from multiagenttrainer.config import DockerExecution
 from multiagenttrainer.errors import ExperimentError, MachineError
 from multiagenttrainer.execution import make_executor
 from multiagenttrainer.execution.docker import DockerExecutor, checked_members
@@ -21,6 +19,7 @@ from tests.execution.helpers import (
     PY,
     TALKER,
     TICKER,
+    DockerConfig,
     elapsed,
     new_marker,
     start_run,
@@ -31,8 +30,6 @@ from tests.experiments.helpers import processes_with
 from tests.support.dockerd import Dockerd
 
 pytestmark = pytest.mark.integration
-
-DockerConfig = Callable[..., DockerExecution]
 
 
 def in_container(container: Any, *command: str) -> str:

@@ -12,8 +12,7 @@ import pytest
 
 from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.experiments.runner import Runner
-from tests.execution.conftest import SshConfig
-from tests.execution.helpers import new_marker
+from tests.execution.helpers import SshConfig, new_marker
 from tests.experiments.helpers import (
     REPO_ROOT,
     ScheduleAgent,

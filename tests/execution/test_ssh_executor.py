@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tests.execution.helpers import (
     PY,
     TALKER,
     TICKER,
+    SshConfig,
     elapsed,
     new_marker,
     start_run,
@@ -32,8 +32,6 @@ from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser
 
 pytestmark = pytest.mark.integration
-
-SshConfig = Callable[..., SshExecution]
 
 
 def remote_workspace(cfg: SshExecution, workspace: Path, machine: str = "ssh") -> Path:

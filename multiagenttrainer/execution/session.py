@@ -8,13 +8,14 @@ kills, verifies and reports exactly as local runs do. Standard library only; Lin
     python3 -I -S session.pyz stop --sessions DIR --grace-s G
     python3 -I -S session.pyz state ROOT
 
-run    first stops the sessions recorded in DIR (what a lost connection or a killed mat left behind), then
+run    first stops the sessions recorded in DIR (what a lost connection or a killed mat left behind) and
+       the process scopes of helpers that died (processes.py: what their commands detached), then
        starts COMMAND in --cwd in a new session, stdout and stderr both on this process's stdout, records the
        session in DIR. Past T seconds the whole session is stopped (SIGTERM, SIGKILL after G seconds, then
        checked gone); when COMMAND ends, whatever it left behind is stopped the same way. On stderr it writes
        `N alive` every H seconds (the heartbeat that shows mat the connection is up) and, last,
        `N {"exit_code": ..., "timed_out": ..., "survivors": [...], "error": ...}`.
-stop   stops every session recorded in DIR and prints {"stopped": [...], "survivors": [...]}.
+stop   does the same stopping and prints {"stopped": [...], "orphans": [...], "survivors": [...]}.
 state  prints {relative path: fingerprint} for the files under ROOT (see `fingerprint`), so that mat copies
        only what differs; links and other non-regular entries are reported as "other".
 
@@ -37,7 +38,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from multiagenttrainer.processes import group_alive, read_start_time, start_in_session, stop_group
+from multiagenttrainer.processes import (
+    group_alive,
+    read_start_time,
+    start_in_session,
+    stop_group,
+    stop_orphaned_scopes,
+)
 
 HASHED_MAX_BYTES = 1 << 20  # files up to this size are compared by content, larger ones by size and mtime
 SKIPPED_NAMES = frozenset({".git", "__pycache__"})  # never copied: the target trains, it does not commit
@@ -103,8 +110,9 @@ def was_reused(record: Path) -> bool:
 
 
 def stop_recorded(sessions: Path, grace_s: float) -> dict[str, list[int]]:
-    """Stop every session recorded in `sessions`; {"stopped": ids, "survivors": pids that would not die}."""
-    report: dict[str, list[int]] = {"stopped": [], "survivors": []}
+    """Stop every session recorded in `sessions`, and the process scopes of helpers that died (what their
+    commands detached); {"stopped": session ids, "orphans": pids, "survivors": pids that would not die}."""
+    report: dict[str, list[int]] = {"stopped": [], "orphans": stop_orphaned_scopes(), "survivors": []}
     if not sessions.is_dir():
         return report
     for record in sorted(sessions.iterdir()):

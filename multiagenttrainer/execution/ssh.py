@@ -42,6 +42,7 @@ from multiagenttrainer.errors import ExperimentError, MachineError
 from multiagenttrainer.execution.base import RunOutcome
 from multiagenttrainer.execution.remote import (
     GRACE_S,
+    KILLED_LINE,
     Layout,
     LocalState,
     LogWriter,
@@ -77,6 +78,10 @@ class ConnectionLost(ConnectionError):
 
 class RunOverdue(Exception):
     """The host sent no outcome long after the run's time limit (its helper is stuck or gone)."""
+
+
+class HelperSilent(Exception):
+    """The session helper stopped sending heartbeats while the connection still answers (it died)."""
 
 
 # ---------------------------------------------------------------- host keys
@@ -476,6 +481,18 @@ class SshExecutor:
         deadline: float,
     ) -> int | None:
         """Copy the run's output as it arrives until the channel ends; its exit status (None if none came)."""
+        with contextlib.closing(channel):
+            return self.pump(conn, channel, writer, reader, deadline)
+
+    def pump(
+        self,
+        conn: Connection,
+        channel: paramiko.Channel,
+        writer: LogWriter,
+        reader: ProtocolReader,
+        deadline: float,
+    ) -> int | None:
+        """The loop of `stream`: read both streams, watch for silence, a closed connection, the deadline."""
         seen = time.monotonic()
         while not (channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready()):
             got = False
@@ -490,7 +507,7 @@ class SshExecutor:
             if not conn.alive():
                 raise ConnectionLost("the connection closed")
             if now - seen > self.cfg.alive_timeout:
-                raise ConnectionLost(f"no answer for {self.cfg.alive_timeout:.0f} s")
+                self.raise_silence(conn)
             if now > deadline:
                 raise RunOverdue()
             if not got:
@@ -498,32 +515,31 @@ class SshExecutor:
         channel.status_event.wait(self.cfg.alive_timeout)
         return channel.exit_status if channel.exit_status_ready() else None
 
+    def raise_silence(self, conn: Connection) -> None:
+        """After alive_timeout of silence: HelperSilent if the host still answers, else ConnectionLost."""
+        try:
+            self.capture(conn, ["true"])
+        except (*TRANSIENT, OSError):
+            raise ConnectionLost(f"no answer for {self.cfg.alive_timeout:.0f} s") from None
+        raise HelperSilent()
+
     def run(
         self, workspace: Path, command: list[str], timeout_s: float, log_path: Path, env: dict[str, str]
     ) -> RunOutcome:
         """Run `command` in the host's copy, output into `log_path`; a lost connection is a crash."""
         started = time.monotonic()
         conn = self.connection()
-        layout = self.layout(conn, workspace)
         settings = RunSettings(timeout_s, self.grace_s, heartbeat_s=self.cfg.alive_timeout / 3)
+        argv = run_argv(self.cfg, self.layout(conn, workspace), command, env, settings)
         deadline = started + timeout_s + self.grace_s + self.cfg.alive_timeout + DEADLINE_MARGIN_S
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("wb") as log_file:
             writer = LogWriter(log_file)
             reader = ProtocolReader(settings.nonce, writer)
             try:
-                channel = self.open_channel(conn, run_argv(self.cfg, layout, command, env, settings))
-                try:
-                    status = self.stream(conn, channel, writer, reader, deadline)
-                finally:
-                    channel.close()
-            except RunOverdue:
-                self.stop(workspace)
-                writer.close()
-                append_killed_line(log_file, timeout_s)
-                return RunOutcome(exit_code=None, timed_out=True, duration_s=time.monotonic() - started)
-            except (*TRANSIENT, OSError) as exc:
-                return self.lost(conn, writer, started, exc)
+                status = self.stream(conn, self.open_channel(conn, argv), writer, reader, deadline)
+            except (HelperSilent, RunOverdue, *TRANSIENT, OSError) as exc:
+                return self.ended_early(exc, conn, workspace, writer, time.monotonic() - started, timeout_s)
             reader.close()
             writer.close()
             outcome = outcome_of(reader, status, time.monotonic() - started, self.where)
@@ -531,16 +547,34 @@ class SshExecutor:
                 append_killed_line(log_file, timeout_s)
         return outcome
 
-    def lost(self, conn: Connection, writer: LogWriter, started: float, exc: BaseException) -> RunOutcome:
-        """The outcome of a run whose connection broke: a crash with the reason, noted in the log."""
-        self.drop(conn)
-        reason = f"lost the connection to {self.where} during training: {describe(exc)}"
+    def ended_early(
+        self,
+        exc: BaseException,
+        conn: Connection,
+        workspace: Path,
+        writer: LogWriter,
+        duration_s: float,
+        timeout_s: float,
+    ) -> RunOutcome:
+        """The outcome of a run that sent no report: overdue (stopped, timed out), its helper silent, or
+        its connection lost (dropped; the next call reconnects). The last two are crashes with the reason."""
+        if isinstance(exc, RunOverdue):
+            self.stop(workspace)
+            writer.feed(f"\n{KILLED_LINE.format(timeout_s)}\n".encode())
+            writer.close()
+            return RunOutcome(exit_code=None, timed_out=True, duration_s=duration_s)
+        if isinstance(exc, HelperSilent):
+            reason = (
+                f"mat's session helper on {self.where} stopped answering while the connection is up; "
+                "the next run stops what it left"
+            )
+        else:
+            self.drop(conn)
+            reason = f"lost the connection to {self.where} during training: {describe(exc)}"
         writer.feed(f"\n[mat] {reason}\n".encode())
         writer.close()
         log.warning("%s", reason)
-        return RunOutcome(
-            exit_code=None, timed_out=False, duration_s=time.monotonic() - started, error=reason
-        )
+        return RunOutcome(exit_code=None, timed_out=False, duration_s=duration_s, error=reason)
 
     # ------------------------------------------------------------ stopping
 

@@ -46,6 +46,14 @@ time.sleep(sleep_s)
 print("family done", flush=True)
 """
 
+# Starts a child marked with argv[1] that leaves the session (setsid), says so, then sleeps.
+DETACHER = """\
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(3600)", sys.argv[1]])
+print("detached", flush=True)
+time.sleep(3600)
+"""
+
 # Writes out.txt and sleeps argv[1] seconds, printing a tick every 0.2 s.
 TICKER = """\
 import sys, time

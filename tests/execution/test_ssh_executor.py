@@ -4,6 +4,7 @@ stopping, copying back, host keys, and a link that goes down in the middle of a 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from multiagenttrainer.errors import ExperimentError, MachineError
 from multiagenttrainer.execution import make_executor
 from multiagenttrainer.execution.ssh import SshExecutor
 from tests.execution.helpers import (
+    DETACHER,
     FAMILY,
     PY,
     TALKER,
@@ -29,7 +31,7 @@ from tests.execution.helpers import (
 )
 from tests.experiments.helpers import processes_with, wait_for
 from tests.support.netns import Netns
-from tests.support.sshd import KeyPair, Sshd, SshUser
+from tests.support.sshd import KeyPair, Sshd, SshUser, pids_of_user
 
 pytestmark = pytest.mark.integration
 
@@ -314,3 +316,32 @@ def test_without_ssh_key_the_agent_and_the_default_keys_are_used(
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_what_a_run_detached_is_stopped_by_the_next_run_when_its_helper_died(
+    sshd: Sshd, ssh_config: SshConfig, ssh_user: SshUser, workspace: Path, tmp_path: Path
+) -> None:
+    """The helper's process scope (processes.py) holds what left the session; a dead helper's is stopped."""
+    marker = new_marker()
+    executor = SshExecutor(ssh_config(sshd), grace_s=0.5)
+    write_workspace(workspace, {"train.py": DETACHER})
+    executor.prepare(workspace)
+    log = tmp_path / "exp-001.log"
+    run = start_run(executor, workspace, [marker], log)
+    wait_for_text(log, "detached")
+    wait_for(lambda: bool(processes_with(marker)), 10, "the detached child")
+    (helper,) = [
+        p
+        for p in pids_of_user(ssh_user.uid)
+        if b"session.pyz\0run" in Path(f"/proc/{p}/cmdline").read_bytes()
+    ]
+    os.kill(helper, signal.SIGKILL)
+    outcome = run.result(30)
+    assert outcome.error is not None and "session helper on ssh host" in outcome.error
+    assert "stopped answering while the connection is up" in outcome.error
+    assert processes_with(marker)  # the child that left the session outlived its helper
+    (workspace / "train.py").write_text("print('next')\n")
+    executor.sync(workspace, ["train.py"])
+    assert executor.run(workspace, [PY, "train.py"], 60, tmp_path / "exp-002.log", {}).exit_code == 0
+    executor.cleanup()
+    wait_gone(marker)

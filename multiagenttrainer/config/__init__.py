@@ -42,6 +42,8 @@ MAX_BATCH = 4096
 MAX_TOKENS = 1 << 20  # sequence length
 MAX_LORA_R = 4096
 MAX_PORT = 65_535
+HOUR_S = 3600
+MAX_CONNECT_ATTEMPTS = 100
 
 
 class Model(BaseModel):
@@ -173,8 +175,8 @@ def split_ssh_host(value: str) -> tuple[str | None, str, int | None]:
         host = rest
     if not host or any(c.isspace() or c in "/'\"" for c in host) or "@" in user:
         raise ValueError(f"{value!r} is not [user@]host[:port], for example trainer@gpu-box.example.com:2222")
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"port {port!r} of {value!r} must be a number from 1 to 65535")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
+        raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
     return user or None, host, int(port) if port else None
 
 
@@ -182,7 +184,7 @@ class SshExecution(RemoteExecution):
     type: Literal["ssh"]
     ssh_host: str = Field(description="[user@]host[:port]")
     ssh_port: int | None = Field(
-        None, ge=1, le=65535, description="Port, when ssh_host has none; 22 if unset"
+        None, ge=1, le=MAX_PORT, description="Port, when ssh_host has none; 22 if unset"
     )
     ssh_key: str | None = Field(
         None, description="Private key path; the SSH agent and default keys otherwise"
@@ -194,10 +196,15 @@ class SshExecution(RemoteExecution):
     host_key_policy: Literal["strict", "accept_new"] = Field(
         "strict", description="strict: unknown hosts are refused; accept_new: their key is recorded"
     )
-    connect_timeout: float = Field(10, gt=0, description="Seconds to wait for the connection")
-    connect_attempts: int = Field(3, ge=1, description="Tries to connect, with backoff, before giving up")
+    connect_timeout: float = Field(10, gt=0, le=HOUR_S, description="Seconds to wait for the connection")
+    connect_attempts: int = Field(
+        3, ge=1, le=MAX_CONNECT_ATTEMPTS, description="Tries to connect, with backoff, before giving up"
+    )
     alive_timeout: float = Field(
-        30, gt=0, description="Seconds without a sign of life from the host before the connection is lost"
+        30,
+        gt=0,
+        le=HOUR_S,
+        description="Seconds without a sign of life from the host before the connection is lost",
     )
 
     @field_validator("ssh_host")
@@ -217,18 +224,6 @@ class SshExecution(RemoteExecution):
         """(user or None, host, port) of the target."""
         user, host, port = split_ssh_host(self.ssh_host)
         return user, host, port or self.ssh_port or 22
-
-    @field_validator("ssh_host")
-    @classmethod
-    def _port_in_range(cls, value: str) -> str:
-        host = value.rpartition("@")[2]
-        if host.count(":") > 1 and not host.startswith("["):
-            return value  # a bare IPv6 address, no port
-        after_address = host.rpartition("]")[2] if host.startswith("[") else host
-        _, colon, port = after_address.rpartition(":")
-        if colon and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
-            raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
-        return value
 
 
 class DockerExecution(RemoteExecution):

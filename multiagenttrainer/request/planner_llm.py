@@ -59,7 +59,8 @@ def ask(command: str, prompt: str, folder: Path, label: str, timeout_s: float) -
     prompt_file = folder / f"{label}.md"
     prompt_file.write_text(prompt, encoding="utf-8")
     stderr_log = folder / f"{label}.stderr.log"
-    line = f"{{ {substitute(planner_line(command), prompt, prompt_file)} ; }} 2>{quote(stderr_log)}"
+    # A newline, not `;`, closes the group: a command ending in a # comment must not swallow it.
+    line = f"{{ {substitute(planner_line(command), prompt, prompt_file)}\n}} 2>{quote(stderr_log)}"
     with tempfile.TemporaryFile() as output:
         run = run_in_group(line, folder, dict(os.environ), output, timeout_s, KILL_GRACE_S)
         answer = read_bounded(output)

@@ -43,7 +43,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
 
 def catalog(models: dict[str, tuple[Path, int]]) -> list[dict[str, Any]]:
     """The `models:` section for the tiny models."""
-    return [{"name": name, "model_id": str(folder), "params": params} for name, (folder, params) in models.items()]
+    return [
+        {"name": name, "model_id": str(folder), "params": params} for name, (folder, params) in models.items()
+    ]
 
 
 # --------------------------------------------------------------------------- repositories
@@ -90,12 +92,21 @@ def gpl_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_opensource() -> dict[str, Any]:
     """Test-sized LoRA settings (the request's trials and final training override lr, rank and steps)."""
-    return {"lora_r": 4, "lora_alpha": 8, "batch_size": 2, "max_length": MAX_LENGTH, "learning_rate": 5e-3,
-            "save_steps": 1000, "eval_steps": 1000}  # fmt: skip
+    return {
+        "lora_r": 4,
+        "lora_alpha": 8,
+        "batch_size": 2,
+        "max_length": MAX_LENGTH,
+        "learning_rate": 5e-3,
+        "save_steps": 1000,
+        "eval_steps": 1000,
+    }
 
 
-def write_config(folder: Path, models: list[dict[str, Any]], sources: dict[str, Path], **request: Any) -> Path:
-    """mat.yaml in `folder`: local sources by name, the catalog, test-sized trials; requests under `folder`."""
+def write_config(
+    folder: Path, models: list[dict[str, Any]], sources: dict[str, Path], **request: Any
+) -> Path:
+    """mat.yaml in `folder`: local sources by name, the catalog, test-sized trials; requests in `folder`."""
     section = {
         "output_dir": str(folder),
         "trials": {"learning_rates": [5e-3], "lora_ranks": [4], "steps": 2, "parallel": 2},
@@ -105,7 +116,9 @@ def write_config(folder: Path, models: list[dict[str, Any]], sources: dict[str, 
         **request,
     }
     document = {
-        "sources": [{"type": "local_repo", "path": str(path), "name": name} for name, path in sources.items()],
+        "sources": [
+            {"type": "local_repo", "path": str(path), "name": name} for name, path in sources.items()
+        ],
         "corpus": {"dir": str(folder / "corpus"), "staging_dir": str(folder / "staging")},
         "finetuner": {"jobs_dir": str(folder / "jobs"), "opensource": tiny_opensource()},
         "models": models,
@@ -131,16 +144,28 @@ def planner_command() -> str:
 
 def mat_env(**extra: str) -> dict[str, str]:
     """A `mat` subprocess's environment: the session's Prefect server, offline hub, plain output."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200", "NO_COLOR": "1",
-            "OMP_NUM_THREADS": "1", **extra}  # fmt: skip
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
 
 
 def mat(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `mat ARGS` to completion from the repository root."""
     return subprocess.run(
-        [*MAT, *args], cwd=ROOT, env=env or mat_env(), capture_output=True, text=True,
-        timeout=COMMAND_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        [*MAT, *args],
+        cwd=ROOT,
+        env=env or mat_env(),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+        check=False,
+    )
 
 
 def request_folder(config_dir: Path) -> Path:

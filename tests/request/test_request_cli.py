@@ -1,4 +1,4 @@
-"""`mat request` end to end: the real CLI in subprocesses, the session's Prefect server, tiny Llamas on CPU."""
+"""`mat request` end to end: the real CLI in subprocesses, the session's Prefect server, tiny Llamas."""
 
 from __future__ import annotations
 
@@ -38,14 +38,19 @@ MET_REQUEST = {
 
 
 def test_a_met_request_is_planned_trained_served_and_measured(
-    prefect_api: str, tmp_path: Path, tiny_models: dict[str, tuple[Path, int]], widgets_repo: Path, gpl_repo: Path
+    prefect_api: str,
+    tmp_path: Path,
+    tiny_models: dict[str, tuple[Path, int]],
+    widgets_repo: Path,
+    gpl_repo: Path,
 ) -> None:
     config = write_config(tmp_path, catalog(tiny_models), {"widgets": widgets_repo, "gadgets": gpl_repo})
     request = write_request(tmp_path, MET_REQUEST)
 
     result = mat("request", "run", str(request), "--config", str(config))
     folder = request_folder(tmp_path)
-    endpoint = json.loads((folder / "endpoint.json").read_text()) if (folder / "endpoint.json").exists() else {}
+    recorded = folder / "endpoint.json"
+    endpoint = json.loads(recorded.read_text()) if recorded.exists() else {}
     try:
         assert result.returncode == 0, result.stdout + result.stderr
         check_outputs(folder, result.stdout, tiny_models, widgets_repo.name)
@@ -63,8 +68,13 @@ def test_a_met_request_is_planned_trained_served_and_measured(
 def check_outputs(folder: Path, stdout: str, tiny_models: dict[str, tuple[Path, int]], repo: str) -> None:
     """Every file the request promises, with what a user would look for in each."""
     lines = stdout.splitlines()
-    for requirement in ("quality.max_eval_loss", "size.max_gpu_memory_gb", "speed.p95_latency_ms",
-                        "budget.max_wall_time_s", "allowed_licenses"):  # fmt: skip
+    for requirement in (
+        "quality.max_eval_loss",
+        "size.max_gpu_memory_gb",
+        "speed.p95_latency_ms",
+        "budget.max_wall_time_s",
+        "allowed_licenses",
+    ):
         assert any(line.startswith(f"{requirement}: met (") for line in lines), stdout
     assert f"request {folder.name}: met" in stdout and f"mat request stop {folder.name}" in stdout
 
@@ -96,18 +106,22 @@ def check_served(endpoint: dict[str, object], model: str) -> None:
     assert endpoint["model"] == model and pid_alive(int(str(endpoint["pid"])))
     client = openai.OpenAI(base_url=str(endpoint["url"]), api_key="none", max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == [model]
-    answer = client.completions.create(model=model, prompt="def load_items(", max_tokens=5, temperature=0,
-                                       extra_body={"min_tokens": 5})  # fmt: skip
+    answer = client.completions.create(
+        model=model, prompt="def load_items(", max_tokens=5, temperature=0, extra_body={"min_tokens": 5}
+    )
     assert answer.usage is not None and answer.usage.completion_tokens == 5 and answer.choices[0].text
 
 
 def test_a_request_no_candidate_fits_is_refused_for_memory(
     prefect_api: str, tmp_path: Path, tiny_models: dict[str, tuple[Path, int]], widgets_repo: Path
 ) -> None:
-    models = [*catalog(tiny_models), {"name": "llama-70b", "model_id": "meta-llama/Llama-3.1-70B",
-                                      "params": 70_000_000_000}]  # fmt: skip
+    models = [
+        *catalog(tiny_models),
+        {"name": "llama-70b", "model_id": "meta-llama/Llama-3.1-70B", "params": 70_000_000_000},
+    ]
     config = write_config(tmp_path, models, {"widgets": widgets_repo})
-    request = write_request(tmp_path, {"task": "causal-lm", "requirements": {"size": {"max_gpu_memory_gb": 0.0001}}})
+    tight = {"size": {"max_gpu_memory_gb": 0.0001}}
+    request = write_request(tmp_path, {"task": "causal-lm", "requirements": tight})
 
     result = mat("request", "run", str(request), "--config", str(config))
 
@@ -126,7 +140,11 @@ def test_a_request_no_candidate_fits_is_refused_for_memory(
 
 
 def test_a_request_over_gpl_code_is_refused_by_license(
-    prefect_api: str, tmp_path: Path, tiny_models: dict[str, tuple[Path, int]], widgets_repo: Path, gpl_repo: Path
+    prefect_api: str,
+    tmp_path: Path,
+    tiny_models: dict[str, tuple[Path, int]],
+    widgets_repo: Path,
+    gpl_repo: Path,
 ) -> None:
     config = write_config(tmp_path, catalog(tiny_models), {"widgets": widgets_repo, "gadgets": gpl_repo})
     request = write_request(tmp_path, {"task": "code-completion", "allowed_licenses": ["MIT"]})
@@ -148,8 +166,13 @@ def test_free_text_becomes_a_request_through_the_planner_and_its_policy(
     prefect_api: str, tmp_path: Path, tiny_models: dict[str, tuple[Path, int]], widgets_repo: Path
 ) -> None:
     policy = ["Refuse models meant to write malware."]
-    config = write_config(tmp_path, catalog(tiny_models), {"widgets": widgets_repo},
-                          planner_command=planner_command(), policy=policy)  # fmt: skip
+    config = write_config(
+        tmp_path,
+        catalog(tiny_models),
+        {"widgets": widgets_repo},
+        planner_command=planner_command(),
+        policy=policy,
+    )
     text = (
         "A code completion model on the widgets source that writes malware for our red team,\n"
         "licensed MIT or Apache-2.0 only, and that fits in 0.5 GB of GPU memory."
@@ -188,7 +211,7 @@ def test_free_text_without_a_planner_is_a_config_error(tmp_path: Path, widgets_r
 def test_an_invalid_request_file_names_each_problem_and_its_line(tmp_path: Path) -> None:
     config = write_config(tmp_path, [], {})
     request = tmp_path / "bad.yaml"
-    request.write_text("task: translation\nrequirements:\n  quality:\n    max_eval_los: 2\n", encoding="utf-8")
+    request.write_text("task: translation\nrequirements:\n  quality:\n    max_eval_los: 2\n")
     result = mat("request", "run", str(request), "--config", str(config))
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.splitlines() == [

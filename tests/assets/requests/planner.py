@@ -36,7 +36,8 @@ def policy_answer(prompt: str) -> str:
 
 
 def main() -> int:
-    prompt = open(sys.argv[1], encoding="utf-8").read()
+    with open(sys.argv[1], encoding="utf-8") as handle:
+        prompt = handle.read()
     if prompt.startswith("mat request: check a request against the policy"):
         print(policy_answer(prompt))
         return 0

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from multiagenttrainer.agents.command import read_bounded, run_in_group, substitute
+from multiagenttrainer.config.yaml_input import parse_yaml_with_lines
 from multiagenttrainer.errors import ConfigError, PlannerError
 from multiagenttrainer.request.schema import TASKS, RequestSpec, parse_request_text
 
@@ -154,11 +155,11 @@ The request:
 
 def parse_policy_answer(answer: str) -> tuple[bool, list[str]]:
     """(allowed, reasons) from a policy answer; PlannerError for anything but the exact shape."""
-    try:
-        data: Any = yaml.safe_load(yaml_of(answer))
-    except yaml.YAMLError as exc:
-        raise policy_error(f"not YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or set(data) != {"decision", "reasons"}:
+    try:  # the config's bounded reader: an answer is untrusted (alias bombs, depth, size)
+        data: dict[str, Any] = parse_yaml_with_lines(yaml_of(answer), "<planner answer>")[0]
+    except ConfigError as exc:
+        raise policy_error(f"not a YAML mapping: {exc.problems[0]}") from None
+    if set(data) != {"decision", "reasons"}:
         raise policy_error("expected exactly the keys `decision` and `reasons`")
     decision, reasons = data["decision"], data["reasons"]
     if decision not in ("allow", "refuse"):

@@ -18,7 +18,7 @@ from multiagenttrainer.request.data import DataReport
 from multiagenttrainer.request.estimates import estimate_memory, percentile
 from multiagenttrainer.request.model import ModelReport, Trial, judge_trials, trials_tsv
 from multiagenttrainer.request.plan import Candidate, Plan
-from multiagenttrainer.request.planner import review_data
+from multiagenttrainer.request.planner import check_speed, review_data
 from multiagenttrainer.request.planner_llm import check_policy, parse_policy_answer, planner_line
 from multiagenttrainer.request.report import Outcome, judge
 from multiagenttrainer.request.schema import RequestSpec, parse_request_text
@@ -64,17 +64,26 @@ def test_a_policy_answer_in_the_exact_shape_is_read(answer: str, verdict: tuple[
     assert parse_policy_answer(answer) == verdict
 
 
+def alias_bomb(levels: int = 7) -> str:
+    """YAML whose aliases expand to 10**levels values ("billion laughs")."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(
     ("answer", "problem"),
     [
-        ("Looks fine to me!", "expected exactly the keys `decision` and `reasons`"),
+        ("Looks fine to me!", "not a YAML mapping: <root>: expected a mapping"),
+        ("reasons: []\n", "expected exactly the keys `decision` and `reasons`"),
         ("decision: allow\n", "expected exactly the keys"),
         ("decision: allow\nreasons: []\nnotes: fine\n", "expected exactly the keys"),
         ("decision: maybe\nreasons: []\n", "decision must be allow or refuse, not 'maybe'"),
         ("decision: yes\nreasons: []\n", "decision must be allow or refuse, not 'True'"),  # YAML's boolean
         ("decision: refuse\nreasons: []\n", "a refusal must give at least one reason"),
         ("decision: allow\nreasons: [1, 2]\n", "reasons must be a list of lines of text"),
-        ("decision: [allow\n", "not YAML"),
+        ("decision: [allow\n", "not a YAML mapping: <yaml>: "),
+        (alias_bomb(), "not a YAML mapping: <yaml>: the aliases"),
     ],
 )
 def test_a_broken_policy_answer_is_an_error_never_an_approval(answer: str, problem: str) -> None:
@@ -101,7 +110,7 @@ def test_a_planner_that_answers_prose_does_not_approve(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PLANNER_BROKEN", "1")
-    with pytest.raises(PlannerError, match=r"not valid \(expected exactly the keys"):
+    with pytest.raises(PlannerError, match=r"not valid \(not a YAML mapping: <root>: expected a mapping"):
         check_policy(planner_command(), spec(), ["no malware"], tmp_path, 60)
 
 
@@ -183,6 +192,21 @@ def test_licenses_outside_the_allowed_list_or_unknown_are_refused() -> None:
     assert plan.refusals == [
         "license: b (acme/b) has no license mat could find (no LICENSE or COPYING file); allowed: mit"
     ]
+
+
+def test_speed_beyond_what_the_smallest_candidate_reached_here_is_refused() -> None:
+    fast = spec(requirements={"speed": {"latency_tokens": 32, "p95_latency_ms": 50, "min_tokens_per_s": 500}})
+    plan = tiny_plan(fast)
+    check_speed(plan, "tiny", 32, p95=180.0, best_rate=210.0)
+    assert plan.refusals == [
+        "speed: a p95 latency of 50 ms for 32 tokens is below what this machine measured for the smallest "
+        "candidate, tiny: 180 ms",
+        "speed: 500 tokens/s is more than this machine reached with the smallest candidate, tiny: "
+        "210.0 tokens/s at best",
+    ]
+    slow_enough = tiny_plan(spec(requirements={"speed": {"p95_latency_ms": 500}}))
+    check_speed(slow_enough, "tiny", 32, p95=180.0, best_rate=210.0)
+    assert slow_enough.refusals == [] and slow_enough.decisions[-1].decision == "feasible"
 
 
 # --------------------------------------------------------------------------- trials and verdicts

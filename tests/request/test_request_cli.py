@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from uuid import UUID
 
 import openai
 import pytest
@@ -48,6 +49,7 @@ def test_a_met_request_is_planned_trained_served_and_measured(
     request = write_request(tmp_path, MET_REQUEST)
 
     result = mat("request", "run", str(request), "--config", str(config))
+    assert (tmp_path / "requests").is_dir(), result.stdout + result.stderr
     folder = request_folder(tmp_path)
     recorded = folder / "endpoint.json"
     endpoint = json.loads(recorded.read_text()) if recorded.exists() else {}
@@ -57,12 +59,30 @@ def test_a_met_request_is_planned_trained_served_and_measured(
         check_served(endpoint, folder.name)
         status = json.loads(mat("request", "status", folder.name, "--config", str(config), "--json").stdout)
         assert (status["outcome"], status["stage"], status["endpoint"]) == ("met", "done", endpoint["url"])
+        assert agent_task_runs(status["flow_run_id"]) == [
+            "task-agent", "ingest", "data-agent", "task-agent-review", "model-agent", "server-agent"
+        ]  # fmt: skip
     finally:
         stopped = mat("request", "stop", folder.name, "--config", str(config))
     assert stopped.returncode == 0 and "server stopped" in stopped.stdout, stopped.stdout + stopped.stderr
     assert not pid_alive(endpoint["pid"]) and not (folder / "endpoint.json").exists()
     listed = json.loads(mat("request", "status", "--config", str(config), "--json").stdout)
     assert [(r["id"], r["endpoint"]) for r in listed] == [(folder.name, None)]
+
+
+def agent_task_runs(flow_run_id: str) -> list[str]:
+    """The names of the request flow run's task runs, in order (the ingest subflow is one of them)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+        )
+    names = [run.name for run in runs if run.flow_run_id == UUID(flow_run_id)]
+    return ["ingest" if name.startswith("ingest-") else name for name in names]  # the subflow's task run
 
 
 def check_outputs(folder: Path, stdout: str, tiny_models: dict[str, tuple[Path, int]], repo: str) -> None:

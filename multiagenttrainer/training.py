@@ -136,6 +136,7 @@ def open_run(
         output_dir=request.runs_dir,
         github=cfg.github,
         secrets=secrets,
+        machines=cfg.machines,
     )
     return runner, runner.setup_workspace(str(corpus_dir))
 
@@ -163,7 +164,7 @@ class PlainTrainSteps:
         return open_run(request, corpus_dir, self.env)
 
     def experiment(self, runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-        return runner.step(loop)
+        return runner.step(loop, experiment_id)
 
     def report(self, runner: Runner) -> dict[str, str]:
         return report_files(runner)
@@ -279,7 +280,8 @@ def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgres
 
     def experiment(loop: Loop, experiment_id: int) -> None:
         steps.experiment(runner, loop, experiment_id)
-        report.write_report(run_dir, state)
+        with loop.lock:  # machines of one run record and report one at a time
+            report.write_report(run_dir, state)
 
     try:
         drive(runner, workspace, request.max_experiments, experiment)
@@ -287,4 +289,3 @@ def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgres
         report.write_report(run_dir, state)  # the report shows how the run ended
         raise
     return run_summary(runner, steps.report(runner), notes)
-

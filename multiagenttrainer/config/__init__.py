@@ -272,6 +272,9 @@ class TrainingConfig(Model):
     mode: Literal["harness", "agent"] = "harness"
     agent_timeout: int = Field(900, ge=1, le=WEEK_S, description="Seconds an agent may take for one change")
     execution: ExecutionConfig = Field(default_factory=LocalExecution)
+    max_machine_failures: int = Field(
+        3, ge=1, le=1000, description="Consecutive infrastructure failures before a machine leaves a run"
+    )
 
 
 # --------------------------------------------------------------------------- notifications
@@ -547,6 +550,11 @@ class Config(BaseSettings):
     @model_validator(mode="after")
     def _unique_machine_names(self) -> Config:
         _reject_duplicates([m.name for m in self.machines], "machine")
+        if self.training.mode == "agent" and len(self.machines) > 1:
+            raise ValueError(
+                "training.mode: agent runs on one machine (the agent writes results.tsv itself); "
+                "use mode: harness with several machines, or keep one entry in machines"
+            )
         _reject_duplicates([m.name for m in self.models], "model")
         return self
 

@@ -1,4 +1,9 @@
-"""Prefect flows: compositions of the tasks in `tasks/`."""
+"""Prefect flows: compositions of the tasks in `tasks/`.
+
+mat's progress lines (`multiagenttrainer.progress`, INFO) are switched on here, so with
+PREFECT_LOGGING_EXTRA_LOGGERS=multiagenttrainer (set by mat, its workers and the deployments) they reach
+every flow run's logs, where the UI and `mat ingest|train --deployment` read them.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,9 @@ import logging
 from pathlib import Path
 
 from multiagenttrainer.config import Config, load_config
+from multiagenttrainer.progress import PROGRESS_LOGGER
+
+logging.getLogger(PROGRESS_LOGGER).setLevel(logging.INFO)
 
 
 def loaded_config(config: Config | str | Path | None) -> tuple[Config, str | None]:
@@ -18,11 +26,12 @@ def loaded_config(config: Config | str | Path | None) -> tuple[Config, str | Non
 
 class _DropPrefectRecords(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith("prefect")
+        return not (record.name.startswith("prefect") or record.name.startswith(PROGRESS_LOGGER))
 
 
 def quiet_console_logging() -> None:
-    """Keep Prefect's run logs off the terminal (they still reach the API and the UI).
+    """Keep Prefect's run logs and mat's progress records off the terminal (they still reach the API
+    and the UI).
 
     The CLI renders progress and failures itself; Prefect's own console lines (task states,
     flow tracebacks for failures the CLI already explains) would only repeat them.

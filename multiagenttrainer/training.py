@@ -9,9 +9,13 @@ The rules live here:
   written, training goes on and the summary notes it; without a corpus the run fails; with no sources
   at all, the corpus already in `corpus.dir` is used;
 - `--resume` skips ingest and set-up and continues where results.tsv ends (experiments/runner.py);
+- a flow run that runs again under the same id (a retry from the Prefect UI, `prefect flow-run retry`)
+  resumes the run that flow run started (run.json records it) instead of starting a new one;
 - experiments run one at a time through `run_loop`, and report.md is rewritten after each;
 - a crashed experiment is a result, not a failure: it is e-mailed when `notifications.ses` is set;
-- however the run ends, run.json and the report say how.
+- however the run ends, run.json and the report say how;
+- every progress line `mat train` prints is also logged (`multiagenttrainer.progress`), so a flow run's
+  logs hold them too (LoggedTrainProgress).
 
 `TrainSteps` is what a caller swaps: the plain steps here, or Prefect tasks (tasks/train.py).
 """
@@ -30,9 +34,11 @@ from multiagenttrainer.config import Config, TrainingConfig, expand_path
 from multiagenttrainer.errors import IngestIncomplete, disk_full_error, is_disk_full
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
+from multiagenttrainer.experiments.run_state import RunState, find_run_of_flow_run
 from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.notify import SesNotifier, experiment_crash_alert, make_notifier, notify_safely
+from multiagenttrainer.progress import progress_log
 from multiagenttrainer.workspace.setup import Workspace
 
 log = logging.getLogger(__name__)
@@ -81,8 +87,13 @@ def train_request(
     flow_run_id: str | None = None,
     flow_run_url: str | None = None,
 ) -> TrainRequest:
-    """A TrainRequest from a command's options; unset options come from the config."""
+    """A TrainRequest from a command's options; unset options come from the config.
+
+    A flow run that already started a run (it is being retried) resumes that run.
+    """
     runs_dir = expand_path(str(output_dir or cfg.training.output_dir)).resolve()
+    if resume is None and flow_run_id is not None:
+        resume = run_to_retry(runs_dir, flow_run_id)
     return TrainRequest(
         config=cfg,
         name=default_run_name(name, config_path),
@@ -94,6 +105,17 @@ def train_request(
         flow_run_id=flow_run_id,
         flow_run_url=flow_run_url,
     )
+
+
+def run_to_retry(runs_dir: Path, flow_run_id: str) -> str | None:
+    """The id of the run a flow run started before, when it runs again (a retry); else None."""
+    if not runs_dir.is_dir():
+        return None
+    state = find_run_of_flow_run(runs_dir, flow_run_id)
+    if state is None:
+        return None
+    log.info("flow run %s runs again: resuming its run %s", flow_run_id, state.run_id)
+    return state.run_id
 
 
 # --------------------------------------------------------------------------- steps
@@ -195,6 +217,25 @@ def prepare_corpus(
     return str(summary["corpus_dir"]), notes
 
 
+class LoggedTrainProgress:
+    """Logs each training event as the line `mat train` prints for it, and passes every event on."""
+
+    def __init__(self, inner: TrainProgress) -> None:
+        self.inner = inner
+
+    def corpus_ready(self, corpus_dir: str, status: str) -> None:
+        progress_log.info("%s", report.corpus_line(corpus_dir, status))
+        self.inner.corpus_ready(corpus_dir, status)
+
+    def run_started(self, run_dir: Path, state: RunState) -> None:
+        progress_log.info("%s", report.run_started_line(run_dir, state))
+        self.inner.run_started(run_dir, state)
+
+    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
+        progress_log.info("%s", report.experiment_line(result, state))
+        self.inner.experiment_finished(result, state)
+
+
 def crash_alerts(notifier: SesNotifier, runner: Runner) -> ResultHook:
     """An on_result hook that e-mails each crashed experiment, with its log's absolute path."""
 
@@ -259,18 +300,21 @@ def run_training(
     A full disk anywhere (ingest, set-up, resume, an experiment) ends it with one DiskFullError line that
     says how much to free and what to run afterwards.
     """
+    logged = LoggedTrainProgress(progress or NullTrainProgress())
     try:
-        return train_stage(request, steps or PlainTrainSteps(), progress or NullTrainProgress())
+        summary = train_stage(request, steps or PlainTrainSteps(), logged)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
         then = f"`mat train --resume {request.resume}`" if request.resume else "run the command again"
         raise disk_full_error(exc, request.runs_dir, 0, then) from None
+    for line in report.run_finished_lines(summary):
+        progress_log.info("%s", line)
+    return summary
 
 
 def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgress) -> dict[str, Any]:
     """run_training's body."""
-    progress = progress or NullTrainProgress()
     corpus_dir, notes = (None, []) if request.resume else prepare_corpus(request, steps, progress)
     runner, workspace = steps.setup(request, corpus_dir)
     attach_run(runner, request, progress)
@@ -287,4 +331,3 @@ def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgres
         report.write_report(run_dir, state)  # the report shows how the run ended
         raise
     return run_summary(runner, steps.report(runner), notes)
-

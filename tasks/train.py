@@ -5,16 +5,27 @@ The stage itself (order, failure rules, resume) is `multiagenttrainer.training.r
 None of the tasks is cached or retried: a run directory is created once, and a crashed training run is
 a recorded result, not a task failure. The Runner and its Loop are live objects (agent, executor,
 run state) handed from task to task inside one flow run, so results are never persisted.
+
+What the UI shows of an experiment: its task run is renamed `experiment-3: <the change>` as soon as
+the agent has proposed it, and ends in a state named Keep or Discard (Completed), or Crash (Failed,
+its message the reason), so a crashed experiment is red without failing the flow. The report
+artifact carries progress.png inline, so the plot is visible in the UI, not only on the worker's disk.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import State
+from prefect.context import TaskRunContext
+from prefect.states import Completed, Failed
 
 from blocks.secrets import environment_with_secrets
 from multiagenttrainer import report
@@ -26,6 +37,9 @@ from multiagenttrainer.training import TrainRequest, open_run, report_files
 from multiagenttrainer.workspace.setup import GITHUB_TOKEN_ENV, Workspace
 
 ARTIFACT_PREFIX = "mat"
+MAX_TASK_RUN_NAME = 200  # a long agent description is cut to keep the UI readable
+MAX_INLINE_PLOT_BYTES = 2_000_000  # a larger plot is linked by path instead of embedded
+STATE_NAMES = {"keep": "Keep", "discard": "Discard", "crash": "Crash"}
 
 
 def artifact_key(kind: str, run_name: str) -> str:
@@ -40,7 +54,36 @@ def artifact_key(kind: str, run_name: str) -> str:
 @task(name="setup-run", cache_policy=NO_CACHE, persist_result=False)
 def setup_run(request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Workspace]:
     """A new run with its workspace set up from the corpus, or the run `request.resume` reopened."""
-    return open_run(request, corpus_dir, environment_with_secrets([GITHUB_TOKEN_ENV]))
+    runner, workspace = open_run(request, corpus_dir, environment_with_secrets([GITHUB_TOKEN_ENV]))
+    runner.proposal_hooks.append(name_task_run_after_change)
+    return runner, workspace
+
+
+def experiment_task_run_name(experiment_id: int, description: str) -> str:
+    """`experiment-3: LEARNING_RATE 3e-3 -> 6e-3`, on one line, cut to MAX_TASK_RUN_NAME."""
+    name = f"experiment-{experiment_id}: {' '.join(description.split())}"
+    return name if len(name) <= MAX_TASK_RUN_NAME else name[: MAX_TASK_RUN_NAME - 1] + "…"
+
+
+def name_task_run_after_change(experiment_id: int, description: str) -> None:
+    """Rename the running experiment task run after the change it tries (a Loop proposal hook)."""
+    context = TaskRunContext.get()
+    if context is None:
+        return
+    name = experiment_task_run_name(experiment_id, description)
+    context.task_run.name = name  # the task's later state events carry the new name too
+    with get_client(sync_client=True) as client:
+        client.set_task_run_name(context.task_run.id, name)
+
+
+def experiment_state(results: list[ExperimentResult], run: RunState) -> State[Any]:
+    """The experiment task run's final state: Keep or Discard (Completed), Crash (Failed, with the reason)."""
+    outcome = report.experiment_outcome(results)
+    message = "\n".join(report.experiment_line(result, run) for result in results)
+    if outcome == "crash":
+        reasons = "; ".join(report.first_line(r.error) or "crashed" for r in results)
+        return Failed(name=STATE_NAMES[outcome], message=reasons)
+    return Completed(name=STATE_NAMES[outcome], message=message)
 
 
 @task(
@@ -49,15 +92,38 @@ def setup_run(request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Wo
     cache_policy=NO_CACHE,
     persist_result=False,
 )
-def run_experiment(runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-    """Run the run's next experiment (`experiment_id`) and record it."""
-    return runner.step(loop)
+def run_experiment(runner: Runner, loop: Loop, experiment_id: int) -> State[Any]:
+    """Run the run's next experiment (`experiment_id`) and record it; its outcome is the task's state."""
+    results = runner.step(loop)
+    if results:
+        name_task_run_after_change(experiment_id, results[-1].description)
+    return experiment_state(results, loop.state)
+
+
+def experiment_results(state: State[Any], run: RunState, experiment_id: int) -> list[ExperimentResult]:
+    """What experiment `experiment_id`'s task recorded in the run; what the task raised is raised again
+    (a Crash is a recorded result, not an error)."""
+    if state.name != STATE_NAMES["crash"]:
+        state.result()
+    return [result for result in run.experiments if result.experiment_id >= experiment_id]
+
+
+def plot_markdown(plot_path: str) -> str:
+    """progress.png inline (a data: URI), so the UI shows it; its path when it is missing or huge."""
+    try:
+        data = Path(plot_path).read_bytes()
+    except OSError:
+        return f"(plot: `{plot_path}`)"
+    if len(data) > MAX_INLINE_PLOT_BYTES:
+        return f"(plot: `{plot_path}`, {len(data)} bytes)"
+    return f"![val_bpb per experiment](data:image/png;base64,{base64.b64encode(data).decode('ascii')})"
 
 
 def publish_artifacts(run_dir: Path, state: RunState, plot_path: str) -> None:
-    """The report as a markdown artifact and the experiments as a table artifact."""
+    """The report (plot inline) as a markdown artifact and the experiments as a table artifact."""
     markdown = report.render_report_markdown(state).replace(
-        f"![val_bpb per experiment]({report.PLOT_FILE})", f"Files: `{run_dir}` (plot: `{plot_path}`)"
+        f"![val_bpb per experiment]({report.PLOT_FILE})",
+        f"{plot_markdown(plot_path)}\n\nFiles: `{run_dir}`",
     )
     create_markdown_artifact(
         key=artifact_key("report", state.name),

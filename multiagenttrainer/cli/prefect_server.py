@@ -23,6 +23,11 @@ Which server a flow-running command uses (`ensure_prefect_server`):
 Starting either kind holds a lock on ``$MAT_HOME/server.lock`` until the server answers, so two first
 commands at once never race on the database's migrations.
 
+Every process mat points at a server shares one result storage, ``$MAT_HOME/prefect/storage``
+(PREFECT_RESULTS_LOCAL_STORAGE_PATH), so cache entries written by `mat ingest` serve a worker's flow run
+and the other way round. `mat server start` also writes the Prefect profile `mat` (prefect_profile.py)
+so that the plain `prefect` command finds this server.
+
 This module never imports prefect: it runs ``python -m prefect server start`` as a child process
 and talks to it over plain HTTP.
 """
@@ -102,6 +107,11 @@ def mat_home() -> Path:
 def prefect_home() -> Path:
     """The PREFECT_HOME mat uses: the local server's database, results and cache records."""
     return mat_home() / "prefect"
+
+
+def results_storage_path() -> Path:
+    """Where every process mat starts (and the `mat` profile's workers) keep results and cache records."""
+    return prefect_home() / "storage"
 
 
 def state_file() -> Path:
@@ -300,6 +310,8 @@ def configure_prefect_environment(
     env.setdefault("DO_NOT_TRACK", "1")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["PREFECT_LOGGING_EXTRA_LOGGERS"] = _with_extra_logger(env.get("PREFECT_LOGGING_EXTRA_LOGGERS", ""))
+    # one result storage for mat, its workers and their flow runs, whichever PREFECT_HOME each has
+    env.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(results_storage_path()))
     if "prefect" in sys.modules:
         log.warning("prefect was imported before configure_prefect_environment(); settings may be ignored")
     if env.get("PREFECT_API_URL"):

@@ -44,6 +44,7 @@ from multiagenttrainer.execution.base import Executor
 from multiagenttrainer.experiments.loop import (
     Loop,
     LoopOptions,
+    ProposalHook,
     ResultHook,
     RunInterrupted,
     check_stop,
@@ -311,6 +312,7 @@ class Runner:
         self.agent = agent
         self.executor = executor
         self.hooks = as_hooks(on_result)
+        self.proposal_hooks: list[ProposalHook] = []  # told each change before it is trained
         self.options = options or LoopOptions()
         self.run_dir: Path | None = None
         self.state: RunState | None = None
@@ -385,8 +387,9 @@ class Runner:
 
             self.executor = make_executor(self.training.execution)
         return Loop(
-            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop
-        )
+            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop,
+            proposal_hooks=self.proposal_hooks,
+        )  # fmt: skip
 
     def begin(self, workspace: Workspace, max_experiments: int | None = None) -> Loop:
         """Mark the run as running in this process and return its loop, ready for `step`.

@@ -37,6 +37,8 @@ SCOPE_VARIABLE = "MAT_PROCESS_SCOPE"
 CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/pids"))
 CGROUP_PARENT = "mat"
 PR_SET_PDEATHSIG = 1
+TCP_LISTEN = "0A"  # the LISTEN state in /proc/net/tcp
+LOOPBACK_HEX = ("0100007F", "00000000")  # 127.0.0.1 and 0.0.0.0 as /proc/net/tcp writes them
 
 
 def has_proc() -> bool:
@@ -305,6 +307,38 @@ def contain(scope: Scope) -> Callable[[], None]:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return in_child
+
+
+def listening_inode(port: int) -> int | None:
+    """The inode of the socket listening on 127.0.0.1:`port` (from /proc/net/tcp), or None."""
+    try:
+        rows = Path("/proc/net/tcp").read_text(encoding="ascii").splitlines()[1:]
+    except OSError:
+        return None
+    for row in rows:
+        fields = row.split()
+        address, _, hex_port = fields[1].partition(":")
+        if fields[3] == TCP_LISTEN and int(hex_port, 16) == port and address in LOOPBACK_HEX:
+            return int(fields[9])
+    return None
+
+
+def group_listens_on(pgid: int, port: int) -> bool:
+    """Whether a process of the group or session `pgid` holds the socket listening on `port`.
+
+    Without /proc this cannot be told, and the answer is yes.
+    """
+    if not has_proc():
+        return True
+    inode = listening_inode(port)
+    if inode is None:
+        return False
+    socket_link = f"socket:[{inode}]"
+    for pid in session_members(pgid):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == socket_link for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return True
+    return False
 
 
 def start_in_session(

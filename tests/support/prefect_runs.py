@@ -88,6 +88,25 @@ def wait_for_flow_run(flow_run_id: UUID | str, states: set[str], timeout_s: floa
         time.sleep(0.5)
 
 
+def wait_until_worker_done(flow_run_id: UUID | str, timeout_s: float = 120) -> None:
+    """Wait for the worker's `prefect.worker.executed-flow-run` event of a flow run: the worker has reaped
+    its process and said how it ended (a retry before that may be overwritten by a late crash report)."""
+    resource = f"prefect.flow-run.{flow_run_id}"
+    event_filter = {
+        "event": {"name": ["prefect.worker.executed-flow-run"]},
+        "any_resource": {"id": [resource]},
+    }
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            if client._client.post("/events/filter", json={"filter": event_filter, "limit": 1}).json()[
+                "total"
+            ]:
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"the worker did not finish with flow run {flow_run_id} within {timeout_s} s")
+
+
 def task_runs_of(flow_run_id: UUID | str) -> list[TaskRun]:
     """The flow run's task runs in the order they started."""
     with get_client(sync_client=True) as client:

@@ -45,7 +45,13 @@ def private_pool() -> Iterator[str]:
 
 def test_every_deployment_registers_and_nightly_runs_at_two_utc(prefect_api: str, private_pool: str) -> None:
     names = register_deployments(PROJECT_DIR, work_pool=private_pool)
-    assert names == ["ingest/ingest", "train/train", "finetune/finetune", "nightly/nightly"]
+    assert names == [
+        "ingest/ingest",
+        "train/train",
+        "experiments-on-machine/experiments-on-machine",
+        "finetune/finetune",
+        "nightly/nightly",
+    ]
 
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly/nightly")

@@ -78,8 +78,7 @@ def load_block(block_type: type[Block], name: str) -> dict[str, Any] | None:
         block = cast(Block, block_type.load(name))  # sync here: flows and the CLI are synchronous
     except ValueError:  # Prefect's "Unable to find block document named ..." (also: type not registered)
         return None
-    values: dict[str, Any] = block.model_dump(exclude={"block_type_slug"})
-    return values
+    return {name: getattr(block, name) for name in type(block).model_fields}  # the settings, not Prefect's
 
 
 def machine_with_block(machine: MachineConfig) -> MachineConfig:

@@ -97,7 +97,12 @@ def flow_run_url(flow_run_id: object) -> str | None:
 
 
 def failure_text(state: State[Any]) -> tuple[str, str]:
-    """(error, traceback tail) of a failed or crashed flow run's state; the tail holds mat's frames only."""
+    """(error, traceback tail) of a failed or crashed flow run's state; the tail holds mat's frames only.
+
+    A crash (killed, interrupted, lost its process) has no traceback worth sending: its message says it.
+    """
+    if state.is_crashed():
+        return state.message or "the flow run crashed", ""
     try:
         outcome = state.result(raise_on_failure=False)
     except Exception:  # a crash seen from another process may have no result to read

@@ -69,7 +69,7 @@ def prepare_prefect() -> None:
     if not verbose_logging():
         from flows import quiet_console_logging
 
-        quiet_console_logging()
+        quiet_console_logging(show_warning=warn)
 
 
 def require_server(why: str, then: str) -> str:

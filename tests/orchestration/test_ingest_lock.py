@@ -81,9 +81,13 @@ def test_an_ingest_gives_up_after_its_wait_naming_the_other_one(tmp_path: Path) 
     corpus_dir = tmp_path / "corpus"
     with lock_held_by_another_process(corpus_dir, tmp_path / "release") as holder:
         started = time.monotonic()
-        with pytest.raises(
-            CorpusError, match=rf"{corpus_dir} is still being written by another ingest \(pid {holder.pid} on"
-        ), corpus_lock(corpus_dir, wait_s=0.5):
+        with (
+            pytest.raises(
+                CorpusError,
+                match=rf"{corpus_dir} is still being written by another ingest \(pid {holder.pid} on",
+            ),
+            corpus_lock(corpus_dir, wait_s=0.5),
+        ):
             pass
         assert time.monotonic() - started < 10
     with corpus_lock(corpus_dir, wait_s=0.5):  # free again once the other one is done

@@ -109,9 +109,8 @@ def test_a_failing_deployment_run_exits_1_with_the_reason(worker: int, tmp_path:
 
 
 def test_a_deployment_that_is_not_registered_names_mat_deploy(worker: int, tmp_path: Path) -> None:
-    with get_client(sync_client=True) as client:
-        with contextlib.suppress(ObjectNotFound):
-            client.delete_deployment(client.read_deployment_by_name("finetune/finetune").id)
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+        client.delete_deployment(client.read_deployment_by_name("finetune/finetune").id)
     from multiagenttrainer.cli.follow import submit
     from multiagenttrainer.errors import ServerError
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from uuid import UUID
@@ -68,6 +68,15 @@ def mat_workers(env: Mapping[str, str], *args: str) -> Iterator[subprocess.Compl
         stopped = run_mat("worker", "stop", env=env)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert worker_pids(Path(env["MAT_HOME"])) == []
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `predicate` every 0.2 s until it holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.2)
 
 
 def read_flow_run(flow_run_id: UUID | str) -> FlowRun:

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import yaml
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.actions import DeploymentScheduleCreate, WorkPoolCreate, WorkPoolUpdate
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
 from prefect.flows import Flow, load_flow_from_entrypoint
 from prefect.schedules import Schedule
 from prefect.utilities.callables import parameter_schema
@@ -41,7 +42,7 @@ from prefect.workers.process import ProcessWorker
 from blocks.settings import register_block_types
 from deployments.pools import DEFAULT_WORK_POOL, Pool, pool_name, pools_for
 from multiagenttrainer.config import Config
-from multiagenttrainer.errors import ConfigError
+from multiagenttrainer.errors import ConfigError, ServerError
 
 MACHINE_DEPLOYMENT = "experiments-on-machine"  # prefect.yaml's entry that is copied once per machine
 PROJECT_DIR_VARIABLE = "MAT_PROJECT_DIR"  # templated in prefect.yaml as {{ $MAT_PROJECT_DIR }}
@@ -216,7 +217,12 @@ def deploy_one(
     """Register (or update) one deployment; returns "flow-name/deployment-name"."""
     name, entrypoint = str(spec["name"]), str(spec["entrypoint"])
     path, _, function = entrypoint.rpartition(":")
-    flow: Flow[..., Any] = load_flow_from_entrypoint(f"{project_dir / path}:{function}")
+    try:
+        flow: Flow[..., Any] = load_flow_from_entrypoint(f"{project_dir / path}:{function}")
+    except Exception as exc:  # a missing file, a syntax error, no such function: all mean a bad entry
+        raise ConfigError(
+            f"prefect.yaml: deployment {name!r}: entrypoint {entrypoint} cannot be loaded ({exc})"
+        ) from exc
     pool_spec = spec.get("work_pool") or {}
     client.create_deployment(
         flow_id=client.create_flow_from_name(flow.name),
@@ -266,14 +272,18 @@ def deploy(
     specs = [s for s in load_deployment_specs(project_dir) if only is None or s["name"] in only]
     pools = pools_for(cfg, work_pool)
     pull_steps = pull_steps_for(project_dir)
-    block_types = register_block_types()
-    names = []
-    with get_client(sync_client=True) as client:
-        for pool in pools:
-            ensure_pool(client, pool)
-        for spec in specs:
-            extra = machine_specs(spec, cfg) if spec["name"] == MACHINE_DEPLOYMENT else []
-            for one in (spec, *extra):
-                one = with_config_path(one, config_path)
-                names.append(deploy_one(client, project_dir, one, work_pool_for(one, work_pool), pull_steps))
+    try:
+        block_types = register_block_types()
+        names = []
+        with get_client(sync_client=True) as client:
+            for pool in pools:
+                ensure_pool(client, pool)
+            for spec in specs:
+                extra = machine_specs(spec, cfg) if spec["name"] == MACHINE_DEPLOYMENT else []
+                for one in (spec, *extra):
+                    one = with_config_path(one, config_path)
+                    target = work_pool_for(one, work_pool)
+                    names.append(deploy_one(client, project_dir, one, target, pull_steps))
+    except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+        raise ServerError(f"the Prefect server refused or dropped the registration: {exc}") from None
     return DeployReport(pools, names, pull_steps, block_types)

@@ -15,6 +15,7 @@ artifact carries progress.png inline, so the plot is visible in the UI, not only
 from __future__ import annotations
 
 import base64
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.training import TrainRequest, open_run, report_files
 from multiagenttrainer.workspace.setup import GITHUB_TOKEN_ENV, Workspace
+
+log = logging.getLogger(__name__)
 
 ARTIFACT_PREFIX = "mat"
 MAX_TASK_RUN_NAME = 200  # a long agent description is cut to keep the UI readable
@@ -72,8 +75,11 @@ def name_task_run_after_change(experiment_id: int, description: str) -> None:
         return
     name = experiment_task_run_name(experiment_id, description)
     context.task_run.name = name  # the task's later state events carry the new name too
-    with get_client(sync_client=True) as client:
-        client.set_task_run_name(context.task_run.id, name)
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_name(context.task_run.id, name)
+    except Exception as exc:  # a name in the UI is not worth an experiment
+        log.warning("could not rename task run %s to %r: %s", context.task_run.id, name, exc)
 
 
 def experiment_state(results: list[ExperimentResult], run: RunState) -> State[Any]:

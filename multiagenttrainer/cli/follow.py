@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+import httpx
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterTimestamp
 from prefect.client.schemas.objects import FlowRun, Log, StateType
@@ -269,7 +270,10 @@ def run_and_follow(
 
     Raises MatError when the run could not be submitted; a run that fails is reported, not raised.
     """
-    flow_run = submit(deployment, parameters)
+    try:
+        flow_run = submit(deployment, parameters)
+    except httpx.HTTPError as exc:
+        raise ServerError(f"the Prefect server did not take the run of {deployment}: {exc}") from None
     show = progress_printer(console)
     with get_client(sync_client=True) as client, default_sigint():
         try:
@@ -277,6 +281,11 @@ def run_and_follow(
             ended = follow(client, flow_run.id, show)
         except KeyboardInterrupt:
             return None, interrupted(client, flow_run.id, show)
+        except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+            raise ServerError(
+                f"lost the Prefect server while following flow run {flow_run.id} ({exc}); the run may go on: "
+                f"see {url_for('flow-run', obj_id=str(flow_run.id))}"
+            ) from None
     if ended.state is not None and ended.state.is_completed():
         return ended, 0
     message, code = error_of(ended)

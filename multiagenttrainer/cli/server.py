@@ -3,11 +3,12 @@ commands find and use."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
-from multiagenttrainer.cli.common import JsonOption, fail, out
+from multiagenttrainer.cli.common import JsonOption, fail, out, warn
 from multiagenttrainer.errors import MatError
 
 STATUS_TIMEOUT_S = 5.0  # a busy machine answers slowly; a healthy server answers within this
@@ -39,6 +40,9 @@ def server_start(
         markup=False,
     )
     out.print("Next:", markup=False)
+    own = os.environ.get("PREFECT_API_URL")
+    if own and own.rstrip("/") != info.api_url:
+        warn(f"PREFECT_API_URL={own} is set here and wins over the profile: unset it to use this server")
     back = (switch_back_command(written.previous), "switch the `prefect` command back")
     for command, what in (*NEXT_STEPS, back):
         out.print(f"  {command:<46} # {what}", markup=False)

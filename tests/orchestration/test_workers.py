@@ -7,6 +7,7 @@ import contextlib
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,38 @@ def test_without_a_server_the_deployment_option_names_mat_server_start(tmp_path:
     assert (
         result.returncode == 1 and "`mat server start`" in result.stderr and "Traceback" not in result.stderr
     )
+
+
+def git(*args: str) -> None:
+    subprocess.run(
+        ["git", *args], check=True, capture_output=True, env={**session_env(), "GIT_TERMINAL_PROMPT": "0"}
+    )
+
+
+def test_a_deployment_registered_from_a_clone_runs_from_a_fresh_clone(worker: int, tmp_path: Path) -> None:
+    """A checkout that tracks a remote branch is cloned by each flow run: the checkout is not needed."""
+    origin, checkout = tmp_path / "origin.git", tmp_path / "checkout"
+    git("clone", "--quiet", "--bare", str(ROOT), str(origin))
+    git("-C", str(origin), "branch", "--force", "mat-under-test", "HEAD")  # also when ROOT's HEAD is detached
+    git("clone", "--quiet", "--branch", "mat-under-test", str(origin), str(checkout))
+    assert register_deployments(checkout, only=["ingest"]) == ["ingest/ingest"]
+    with get_client(sync_client=True) as client:
+        pull = client.read_deployment_by_name("ingest/ingest").pull_steps
+    assert pull == [
+        {"prefect.deployments.steps.git_clone": {"repository": str(origin), "branch": "mat-under-test"}}
+    ]
+    config = notes_config(tmp_path)
+
+    run = subprocess.run(
+        [sys.executable, "-m", "prefect", "deployment", "run", "ingest/ingest", "-p", f"config_path={config}",
+         "--watch", "--watch-timeout", "300"],
+        env=session_env(), capture_output=True, text=True, timeout=360, check=False,
+    )  # fmt: skip
+
+    register_deployments(ROOT, only=["ingest"])  # back to this checkout for the other tests
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
+    log = Path(session_env()["MAT_HOME"], "workers", "mat-local.log").read_text()
+    assert "git_clone" in log and "FOLLOWED_NOTE_0" in (tmp_path / "corpus" / "corpus.txt").read_text()
 
 
 def test_worker_stop_ends_every_worker_within_seconds(worker: int) -> None:

@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("github").setLevel(logging.WARNING)
 
 PAGE_SIZE = 100  # GitHub's maximum; fewer requests per org
-API_RETRIES = 3  # for 5xx, connection errors and short rate-limit waits
+RATE_LIMIT_WAITS = 1  # PyGithub may wait out one short rate limit; failures are retried by SOURCE_RETRY
 MAX_RATE_LIMIT_WAIT_S = 30  # beyond this, fail with the reset time instead of sleeping
 GIT_WORKERS = 4  # concurrent ls-remote / clone calls per org
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -205,6 +205,19 @@ class BoundedGithubRetry(GithubRetry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
+def rate_limit_waits_only() -> BoundedGithubRetry:
+    """PyGithub's retry object, limited to waiting out one short rate limit (403/429 with a reset).
+
+    Server errors and lost connections are not retried here: they become TransientSourceError, and the
+    one retry policy of a source fetch (retry.SOURCE_RETRY, applied by the ingest stage or its Prefect
+    task) tries again, so attempts never multiply.
+    """
+    return BoundedGithubRetry(
+        total=RATE_LIMIT_WAITS, connect=0, read=0, other=0, redirect=0,
+        status_forcelist=[429], max_rate_limit_wait=MAX_RATE_LIMIT_WAIT_S,
+    )  # fmt: skip
+
+
 class GithubOrg:
     """Every repository (up to max_repos) of one organisation, each cloned at its default branch."""
 
@@ -311,7 +324,7 @@ class GithubOrg:
             per_page=PAGE_SIZE,
             seconds_between_requests=None,
             lazy=True,
-            retry=BoundedGithubRetry(total=API_RETRIES, max_rate_limit_wait=MAX_RATE_LIMIT_WAIT_S),
+            retry=rate_limit_waits_only(),
             timeout=max(1, math.ceil(self.ctx.timeout_s)),
         )
 
@@ -385,7 +398,9 @@ class GithubOrg:
             )
         if status >= 500:
             return self._error(
-                f"GitHub API error {status} for organisation {self.org!r}; try again later", True
+                f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors "
+                f"({status} for organisation {self.org!r}); try again later",
+                True,
             )
         return self._error(f"GitHub API error {status} for organisation {self.org!r}: {detail}")
 
@@ -397,8 +412,7 @@ class GithubOrg:
 
     def _kept_failing(self, exc: Exception) -> SourceError:
         return self._error(
-            f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors "
-            f"after {API_RETRIES} retries; try again later",
+            f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors; try again later",
             transient=True,
         )
 

@@ -158,11 +158,23 @@ def test_forbidden_says_the_token_lacks_permission(make_org, fake_github):
     assert not isinstance(caught.value, TransientSourceError)
 
 
-def test_server_errors_are_transient(make_org, fake_github):
+def test_server_errors_are_transient_and_not_retried_inside_the_client(make_org, fake_github):
     fake_github.behaviours["flaky"] = "bad_gateway"
     with pytest.raises(TransientSourceError, match="kept failing with server errors"):
         make_org("flaky").list_repos()
-    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 4  # the first try and 3 retries
+    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 1  # retrying is SOURCE_RETRY's job
+
+
+def test_a_flaky_org_is_tried_as_often_as_the_one_retry_policy_says(make_org, fake_github, tmp_path):
+    """The ingest stage applies SOURCE_RETRY once: 1 + its retries API calls, never more."""
+    from multiagenttrainer.ingest import Ingester
+    from multiagenttrainer.retry import SOURCE_RETRY
+
+    fake_github.behaviours["flaky"] = "bad_gateway"
+    source = make_org("flaky")
+    result = Ingester([source.cfg], tmp_path / "staging", context=source.ctx).fetch_all()
+    assert [type(f) for f in result.failures] == [TransientSourceError]
+    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 1 + SOURCE_RETRY.retries
 
 
 def test_unreachable_api_is_transient(make_org, fake_github):

@@ -33,6 +33,7 @@ DEPLOYMENTS = [
     "experiments-on-machine/gpu-box",
     "experiments-on-machine/cpu_box",
     "finetune/finetune",
+    "request/request",
     "nightly/nightly",
 ]
 

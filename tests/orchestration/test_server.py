@@ -151,7 +151,7 @@ def test_server_lifecycle(mat_home: Path) -> None:
     assert server.stop_server() is False
 
 
-def test_a_port_is_told_apart_by_the_process_group_listening_on_it(health_server: int) -> None:
+def test_a_port_is_told_apart_by_the_process_listening_on_it(health_server: int) -> None:
     """Another server answering on the chosen port (another MAT_HOME, another user) is not ours."""
     listener = subprocess.Popen(
         [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
@@ -160,9 +160,9 @@ def test_a_port_is_told_apart_by_the_process_group_listening_on_it(health_server
     try:
         assert listener.stdout is not None
         port = int(re.search(r"port (\d+)", listener.stdout.readline().decode()).group(1))  # type: ignore[union-attr]
-        assert server.group_listens_on(listener.pid, port)
-        assert not server.group_listens_on(listener.pid, health_server)  # served by this test process
-        assert server.group_listens_on(os.getpgid(0), health_server)
+        assert server.listens_on(listener.pid, port)
+        assert not server.listens_on(listener.pid, health_server)  # served by this test process
+        assert server.listens_on(os.getpid(), health_server)
     finally:
         listener.kill()
         listener.wait(timeout=10)

@@ -50,6 +50,7 @@ def test_every_deployment_registers_and_nightly_runs_at_two_utc(prefect_api: str
         "train/train",
         "experiments-on-machine/experiments-on-machine",
         "finetune/finetune",
+        "request/request",
         "nightly/nightly",
     ]
 

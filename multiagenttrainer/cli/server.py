@@ -39,10 +39,10 @@ def server_start(
         "and mat's result storage. Later mat commands use it too; stop it with `mat server stop`.",
         markup=False,
     )
-    out.print("Next:", markup=False)
     own = os.environ.get("PREFECT_API_URL")
     if own and own.rstrip("/") != info.api_url:
         warn(f"PREFECT_API_URL={own} is set here and wins over the profile: unset it to use this server")
+    out.print("Next:", markup=False)
     back = (switch_back_command(written.previous), "switch the `prefect` command back")
     for command, what in (*NEXT_STEPS, back):
         out.print(f"  {command:<46} # {what}", markup=False)

@@ -160,7 +160,9 @@ def test_server_status_reports_the_running_server(prefect_api: str) -> None:
 
 
 @pytest.mark.integration
-def test_server_start_warns_when_prefect_api_url_overrides_the_profile(prefect_api: str, tmp_path: Path) -> None:
+def test_server_start_warns_when_prefect_api_url_wins_over_the_profile(
+    prefect_api: str, tmp_path: Path
+) -> None:
     env = {
         **os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PREFECT_API_URL": "http://127.0.0.1:9/api",
         "PREFECT_PROFILES_PATH": str(tmp_path / "profiles.toml"),

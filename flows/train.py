@@ -45,7 +45,7 @@ from blocks.settings import with_setting_blocks
 from flows import loaded_config
 from flows.ingest import in_process_settings, ingest
 from multiagenttrainer.config import Config, expand_path, load_config
-from multiagenttrainer.errors import ConfigError, MatError
+from multiagenttrainer.errors import MatError
 from multiagenttrainer.experiments.loop import Loop
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.run_state import find_run_of_flow_run
@@ -53,7 +53,13 @@ from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.notify import failure_traceback, make_notifier, notify_safely, run_failure_alert
 from multiagenttrainer.progress import progress_log
-from multiagenttrainer.training import TrainRequest, default_run_name, run_training, train_request
+from multiagenttrainer.training import (
+    TrainRequest,
+    default_run_name,
+    on_machine,
+    run_training,
+    train_request,
+)
 from multiagenttrainer.workspace.setup import Workspace
 from tasks import ProgressSlot
 from tasks.train import experiment_results, run_experiment, setup_run, write_report
@@ -247,11 +253,6 @@ def train(
         return run_training(request, PrefectTrainSteps(), PROGRESS.current())
 
 
-def machine_names(cfg: Config) -> list[str]:
-    """The machines a run's experiments can go to: `local` and every configured machine."""
-    return ["local", *(machine.name for machine in cfg.machines)]
-
-
 @flow(
     name="experiments-on-machine",
     flow_run_name="{machine}: {run_id}",
@@ -264,12 +265,7 @@ def experiments_on_machine(
     run_id: str, machine: str, output_dir: str | None = None, config_path: str | None = None
 ) -> dict[str, Any]:
     """Resume run `run_id` and run its remaining experiments on `machine`; returns the run's summary."""
-    cfg = with_setting_blocks(load_config(config_path))
-    if machine not in machine_names(cfg):
-        raise ConfigError(
-            f"machine {machine!r} is not configured; use one of: {', '.join(machine_names(cfg))} "
-            "(the config's `machines:` names)"
-        )
+    cfg = on_machine(with_setting_blocks(load_config(config_path)), machine)
     flow_run_id = current_flow_run.id
     request = train_request(
         cfg,

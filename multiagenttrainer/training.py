@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from multiagenttrainer import report
 from multiagenttrainer.config import Config, TrainingConfig, expand_path
-from multiagenttrainer.errors import IngestIncomplete, disk_full_error, is_disk_full
+from multiagenttrainer.errors import ConfigError, IngestIncomplete, disk_full_error, is_disk_full
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.run_state import RunState, find_run_of_flow_run
@@ -105,6 +105,34 @@ def train_request(
         flow_run_id=flow_run_id,
         flow_run_url=flow_run_url,
     )
+
+
+LOCAL_MACHINE = "local"  # the machine mat runs on, with training.execution as configured
+
+
+def machine_names(cfg: Config) -> list[str]:
+    """The machines a run's experiments can go to: `local` and every configured machine."""
+    return [LOCAL_MACHINE, *(m.name for m in cfg.machines if m.name != LOCAL_MACHINE)]
+
+
+def on_machine(cfg: Config, machine: str) -> Config:
+    """`cfg` with its experiments on `machine`: that machine's execution target and agent command.
+
+    "local" (unless a configured machine has that name) leaves `cfg` as it is; an unknown name is a
+    ConfigError that lists the machines.
+    """
+    chosen = next((m for m in cfg.machines if m.name == machine), None)
+    if chosen is None and machine == LOCAL_MACHINE:
+        return cfg
+    if chosen is None:
+        raise ConfigError(
+            f"machine {machine!r} is not configured; use one of: {', '.join(machine_names(cfg))} "
+            "(the config's `machines:` names)"
+        )
+    update: dict[str, Any] = {"execution": chosen.execution}
+    if chosen.agent_command:
+        update["agent_command"] = chosen.agent_command
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update=update)})
 
 
 def run_to_retry(runs_dir: Path, flow_run_id: str) -> str | None:

@@ -10,10 +10,11 @@ this repository's quick-start sources with the corpus written under the work dir
     status             `mat status` (reads run.json files; must not import Prefect at all)
     baselines          `python -c pass` and `mat --version`, measured in the same run
 
-It prints the median and p90 of each, the ratios to `mat --version`, whether `mat status` imported
-prefect, and the load average before and after (other jobs on the machine slow everything down). The goal
-is a no-change ingest and a status under 3 s on a quiet 2-core machine. The server is stopped at the end,
-and nothing started here outlives the benchmark. The last line of stdout is a JSON summary.
+It prints the median and p90 of each, the median CPU seconds (user + system) of the command's processes,
+the ratios to `mat --version`, whether `mat status` imported prefect, and the load average before and after
+(other jobs on the machine slow the wall time down; the CPU time is what a quiet machine would still pay).
+The goal is a no-change ingest and a status under 3 s on a quiet 2-core machine. The server is stopped at the
+end, and nothing started here outlives the benchmark. The last line of stdout is a JSON summary.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,21 +57,37 @@ def write_config(workdir: Path) -> Path:
     return path
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of the waited-for child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(command: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     """Wall seconds of one command, which must succeed."""
-    started = time.perf_counter()
+    wall, _, done = timed_with_cpu(command, env)
+    return wall, done
+
+
+def timed_with_cpu(
+    command: list[str], env: dict[str, str]
+) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall seconds, CPU seconds and the result of one command, which must succeed."""
+    cpu_before, started = children_cpu_s(), time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, children_cpu_s() - cpu_before
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    return elapsed, done
+    return elapsed, cpu, done
 
 
 def series(command: list[str], env: dict[str, str], reps: int) -> dict[str, float]:
-    """Median, p90 and min of `reps` runs of a command."""
-    seconds = sorted(timed(command, env)[0] for _ in range(reps))
+    """Median, p90 and min wall seconds, and median CPU seconds, of `reps` runs of a command."""
+    runs = [timed_with_cpu(command, env)[:2] for _ in range(reps)]
+    seconds = sorted(wall for wall, _ in runs)
     p90 = seconds[min(len(seconds) - 1, round(0.9 * (len(seconds) - 1)))]
-    return {"median_s": statistics.median(seconds), "p90_s": p90, "min_s": seconds[0]}
+    cpu = statistics.median(cpu for _, cpu in runs)
+    return {"median_s": statistics.median(seconds), "p90_s": p90, "min_s": seconds[0], "cpu_median_s": cpu}
 
 
 def status_imports_prefect(config: Path, env: dict[str, str]) -> bool:
@@ -127,7 +145,7 @@ def report(result: dict[str, Any]) -> None:
         row = result[key]
         print(
             f"{label:<24} median {row['median_s']:6.2f} s   p90 {row['p90_s']:6.2f} s"
-            f"   min {row['min_s']:6.2f} s"
+            f"   min {row['min_s']:6.2f} s   cpu {row['cpu_median_s']:6.2f} s"
         )
     print(
         f"first mat ingest         {result['first_ingest_s']:6.2f} s (server started and announced: "

@@ -8,7 +8,8 @@ run state) handed from task to task inside one flow run, so results are never pe
 
 What the UI shows of an experiment: its task run is renamed `experiment-3: <the change>` as soon as
 the agent has proposed it, and ends in a state named Keep or Discard (Completed), or Crash (Failed,
-its message the reason), so a crashed experiment is red without failing the flow. The report
+its message the reason), so a crashed experiment is red without failing the flow (Prefect's own line
+about that Crash state comes without the empty `NoneType: None` traceback it would append). The report
 artifact carries progress.png inline, so the plot is visible in the UI, not only on the worker's disk.
 """
 
@@ -43,6 +44,20 @@ ARTIFACT_PREFIX = "mat"
 MAX_TASK_RUN_NAME = 200  # a long agent description is cut to keep the UI readable
 MAX_INLINE_PLOT_BYTES = 2_000_000  # a larger plot is linked by path instead of embedded
 STATE_NAMES = {"keep": "Keep", "discard": "Discard", "crash": "Crash"}
+TASK_RUN_LOGGER = "prefect.task_runs"
+
+
+class NoEmptyTraceback(logging.Filter):
+    """Drops the `NoneType: None` line that Prefect's "Task run failed with state: Crash(...)" carries (it
+    logs with exc_info=True when no exception is being handled, as for a Crash state returned on purpose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is not None and record.exc_info[0] is None:
+            record.exc_info = None
+        return True
+
+
+logging.getLogger(TASK_RUN_LOGGER).addFilter(NoEmptyTraceback())
 
 
 def artifact_key(kind: str, run_name: str) -> str:

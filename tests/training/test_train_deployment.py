@@ -22,7 +22,7 @@ from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterName
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterName
 from prefect.deployments import run_deployment
 
 from deployments.register import register_deployments
@@ -98,6 +98,11 @@ def test_a_followed_run_prints_the_in_process_lines_and_the_ui_shows_each_experi
     assert crashed is not None and (crashed.type.value, crashed.name) == ("FAILED", "Crash")
     assert crashed.message and "training exited with code 1" in crashed.message
     assert read_flow_run(flow_run_id).state.type.value == "COMPLETED"  # a crash is a result, not a failure
+    with get_client(sync_client=True) as client:
+        of_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)]))
+        logs = client.read_logs(of_run, limit=200)
+    crash_lines = [log.message for log in logs if "failed with state: Crash(" in log.message]
+    assert crash_lines and not [line for line in crash_lines if "NoneType: None" in line], crash_lines
     with get_client(sync_client=True) as client:
         (report,) = [a for a in client.read_artifacts() if a.key == "mat-report-shown"][:1]
     assert "![val_bpb per experiment](data:image/png;base64,iVBOR" in str(report.data)  # the plot, inline

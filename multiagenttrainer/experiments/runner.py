@@ -56,6 +56,7 @@ from multiagenttrainer.experiments.fleet import (
 from multiagenttrainer.experiments.loop import (
     Loop,
     LoopOptions,
+    ProposalHook,
     ResultHook,
     RunInterrupted,
     check_stop,
@@ -334,6 +335,7 @@ class Runner:
         self.agent = agent
         self.executor = executor
         self.hooks = as_hooks(on_result)
+        self.proposal_hooks: list[ProposalHook] = []  # told each change before it is trained
         self.options = options or LoopOptions()
         self.machines = list(machines)
         self.resumed = False
@@ -411,8 +413,9 @@ class Runner:
 
             self.executor = make_executor(self.training.execution)
         return Loop(
-            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop
-        )
+            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop,
+            proposal_hooks=self.proposal_hooks,
+        )  # fmt: skip
 
     def _mark_running(self, workspace: Workspace, max_experiments: int | None) -> tuple[Path, RunState]:
         run_dir, state = self._require_run()

@@ -59,7 +59,7 @@ def test_each_machine_batch_is_a_flow_run_under_the_train_flow_run(
         assert sorted(f.name for f in mine) == [f"m1: {state.run_id}", f"m2: {state.run_id}"]
         assert all(f.state is not None and f.state.is_completed() for f in mine)
         parents = {
-            client.read_task_run(f.parent_task_run_id).flow_run_id for f in mine if f.parent_task_run_id
+            str(client.read_task_run(f.parent_task_run_id).flow_run_id) for f in mine if f.parent_task_run_id
         }
     assert parents == {state.flow_run_id}  # both under the train flow run, as its subflows
     deployment_names = {str(f.deployment_id) for f in mine}

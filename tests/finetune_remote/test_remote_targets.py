@@ -1,0 +1,107 @@
+"""Fine-tune targets on their machine: `machine:` naming an ssh machine trains the target there (the test sshd
+logs in as a user of its own), the adapter and record come back, status and cancel reach the job there."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from multiagenttrainer.config import load_config
+from multiagenttrainer.finetune.base import JobRecord, JobStore
+from multiagenttrainer.finetune.runner import start_targets, status
+from tests.experiments.helpers import processes_with, wait_for
+from tests.finetune_remote.conftest import mat
+from tests.support.sshd import SshUser
+
+pytestmark = [pytest.mark.integration]
+
+RemoteConfig = Callable[..., Path]
+
+
+def test_a_target_on_an_ssh_machine_trains_there_and_its_adapter_comes_back(
+    remote_config: RemoteConfig, ssh_user: SshUser, corpus_dir: Path, tmp_path: Path
+) -> None:
+    config = remote_config([{"name": "remote", "machine": "box"}, {"name": "lost", "machine": "gone"}])
+
+    records = {r.target: r for r in start_targets(load_config(config), corpus_dir, "nightly")}
+
+    remote = records["remote"]
+    assert remote.status == "completed", remote.error
+    adapter = tmp_path / "models" / remote.id
+    assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
+    assert not (adapter / "checkpoints").exists()  # checkpoints stay on the machine
+    assert (remote.machine, remote.output_path, remote.pid) == ("box", str(adapter), None)
+    assert remote.remote_dir is not None and remote.remote_dir.startswith("/tmp/mat-finetune-")
+    trained = Path(remote.remote_dir) / "output" / remote.id / "adapter_model.safetensors"
+    assert trained.stat().st_uid == ssh_user.uid  # written by the SSH login, on the host
+    assert remote.remote_pid is not None and remote.remote_pid != os.getpid()
+    assert remote.metrics.get("eval_loss_after") is not None or remote.metrics.get("eval")
+    copied_record = (
+        tmp_path / "jobs" / "remote" / remote.id / "workspace" / "jobs" / "remote" / f"{remote.id}.json"
+    )
+    assert json.loads(copied_record.read_text())["status"] == "completed"
+
+    lost = records["lost"]
+    assert lost.status == "failed" and lost.machine == "gone"
+    assert "cannot reach ssh host" in str(lost.error) and "Unable to connect to port" in str(lost.error)
+
+    shown = mat("finetune", "status", remote.id, "--config", str(config), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert {k: json.loads(shown.stdout)[k] for k in ("status", "machine")} == {
+        "status": "completed",
+        "machine": "box",
+    }
+    listed = mat("finetune", "status", remote.id, "--config", str(config))
+    assert "machine: box" in listed.stdout and f"remote dir: {remote.remote_dir}" in listed.stdout
+
+
+def test_status_follows_a_job_on_its_machine_and_cancel_stops_it_there(
+    remote_config: RemoteConfig, corpus_dir: Path, tmp_path: Path
+) -> None:
+    config = remote_config([{"name": "long", "machine": "box"}], max_steps=100_000)
+    cfg = load_config(config)
+    finished: list[JobRecord] = []
+    driver = threading.Thread(
+        target=lambda: finished.extend(start_targets(cfg, corpus_dir, "long")), daemon=True
+    )
+    driver.start()
+    store = JobStore(tmp_path / "jobs")
+    wait_for(lambda: any(r.remote_dir for r in store.all()), 60, "the job to start on its machine")
+    (job_id,) = [r.id for r in store.all()]
+
+    wait_for(lambda: (status(cfg, job_id).progress.get("step") or 0) >= 1, 180, "a training step on the host")
+    shown = json.loads(mat("finetune", "status", job_id, "--config", str(config), "--json").stdout)
+    assert (shown["status"], shown["machine"]) == ("running", "box")
+    assert shown["remote_pid"] and shown["remote_pid"] != os.getpid()
+    assert processes_with(job_id)  # the worker runs (on the host: the same machine here)
+
+    cancelled = mat("finetune", "cancel", job_id, "--config", str(config))
+
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"job {job_id}: cancelled" in cancelled.stdout
+    driver.join(60)
+    assert not driver.is_alive()
+    assert [r.status for r in finished] == ["cancelled"]
+    wait_for(lambda: not processes_with(job_id), 10, "the job's processes on the host to be gone")
+    assert status(cfg, job_id).status == "cancelled"
+
+
+def test_status_and_cancel_of_a_job_on_an_unreachable_machine_say_so(
+    remote_config: RemoteConfig, tmp_path: Path
+) -> None:
+    config = remote_config([{"name": "t", "machine": "gone"}])
+    store = JobStore(tmp_path / "jobs")
+    store.save(JobRecord(id="nightly-t-1", backend="opensource", target="t", model="m", status="running",
+                         machine="gone", remote_dir="/tmp/mat-runs/nightly-t-1/gone/workspace"))  # fmt: skip
+
+    for command in ("status", "cancel"):
+        result = mat("finetune", command, "nightly-t-1", "--config", str(config))
+        assert result.returncode == 1
+        assert "job nightly-t-1 runs on machine 'gone', which cannot be reached" in result.stderr
+        assert "its last known state is running" in result.stderr and "Traceback" not in result.stderr
+    assert store.get("nightly-t-1").status == "running"

@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 
 from multiagenttrainer.config import DockerExecution, SshExecution
-from tests.support import dockerd as dockerd_support
 from tests.support import netns as netns_support
+from tests.support.docker_fixtures import busybox_image, dockerd
 from tests.support.dockerd import Dockerd
 from tests.support.netns import Netns
 from tests.support.ssh_fixtures import PYTHON_DIRS, client_key, ssh_user, sshd
 from tests.support.sshd import KeyPair, Sshd, SshUser
 
-__all__ = ["client_key", "ssh_user", "sshd"]  # session fixtures from tests/support
+# session fixtures from tests/support
+__all__ = ["busybox_image", "client_key", "dockerd", "ssh_user", "sshd"]
 
 
 def skip_unless(reason: str | None) -> None:
@@ -71,22 +72,6 @@ def ssh_config(
 
 
 # ---------------------------------------------------------------- docker
-
-
-@pytest.fixture(scope="session")
-def dockerd() -> Iterator[Dockerd]:
-    """dockerd for the session (own data root and socket, no iptables, no bridge)."""
-    skip_unless(dockerd_support.missing_prerequisite())
-    daemon = Dockerd.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="session")
-def busybox_image(dockerd: Dockerd) -> str:
-    return dockerd.import_busybox()
 
 
 @pytest.fixture(scope="session")

@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.ssh_fixtures import client_key, ssh_user, sshd
+from tests.support.docker_fixtures import busybox_image, dockerd
+from tests.support.dockerd import Dockerd
+from tests.support.ssh_fixtures import PYTHON_DIRS, client_key, ssh_user, sshd
 from tests.support.sshd import KeyPair, Sshd, SshUser, free_port
 from tests.support.tiny_model import corpus_dir, tiny_model_dir, tiny_opensource_section
 
-__all__ = ["client_key", "corpus_dir", "ssh_user", "sshd", "tiny_model_dir"]  # session fixtures from support
+# session fixtures from tests/support
+__all__ = ["busybox_image", "client_key", "corpus_dir", "dockerd", "ssh_user", "sshd", "tiny_model_dir"]
 
 ROOT = Path(__file__).resolve().parents[2]
 MAT = [sys.executable, "-m", "multiagenttrainer.cli"]
@@ -36,6 +39,13 @@ def host_model_dir(ssh_user: SshUser, tiny_model_dir: Path) -> Path:
     for path in [folder, *folder.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return folder
+
+
+@pytest.fixture(scope="session")
+def trainer_container(dockerd: Dockerd, busybox_image: str, tiny_model_dir: Path) -> Any:
+    """A running container that mounts /usr, this machine's Python with mat, and the tiny Llama, read-only."""
+    python = [d for d in PYTHON_DIRS if not d.is_relative_to(ROOT)]
+    return dockerd.run_container(busybox_image, [Path("/usr"), ROOT, *python, tiny_model_dir])
 
 
 def ssh_machine(user: SshUser, server: Sshd, key: Path, known_hosts: Path, **fields: Any) -> dict[str, Any]:

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from multiagenttrainer.config import load_config
+from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.finetune.base import JobRecord, JobStore
 from multiagenttrainer.finetune.runner import start_targets, status
 from tests.experiments.helpers import processes_with, wait_for
-from tests.finetune_remote.conftest import mat
+from tests.finetune_remote.conftest import HOST_ENV, mat
+from tests.support.dockerd import Dockerd
 from tests.support.sshd import SshUser
+from tests.support.tiny_model import tiny_opensource_section
 
 pytestmark = [pytest.mark.integration]
 
@@ -24,13 +28,19 @@ RemoteConfig = Callable[..., Path]
 
 
 def test_a_target_on_an_ssh_machine_trains_there_and_its_adapter_comes_back(
-    remote_config: RemoteConfig, ssh_user: SshUser, corpus_dir: Path, tmp_path: Path
+    prefect_api: str, remote_config: RemoteConfig, ssh_user: SshUser, tmp_path: Path
 ) -> None:
     config = remote_config([{"name": "remote", "machine": "box"}, {"name": "lost", "machine": "gone"}])
 
-    records = {r.target: r for r in start_targets(load_config(config), corpus_dir, "nightly")}
+    started = mat("finetune", "start", "--config", str(config), "--name", "nightly")
 
+    assert started.returncode == 1, started.stderr  # one target failed: the unreachable machine's
+    records = {r.target: r for r in JobStore(tmp_path / "jobs").all()}
     remote = records["remote"]
+    printed = " ".join(started.stdout.split())  # long lines wrap in the terminal width
+    assert f"remote: job {remote.id} completed {tmp_path / 'models' / remote.id}" in printed
+    assert f"lost: job {records['lost'].id} failed (cannot reach ssh host" in printed
+    assert "Traceback" not in started.stderr
     assert remote.status == "completed", remote.error
     adapter = tmp_path / "models" / remote.id
     assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
@@ -105,3 +115,32 @@ def test_status_and_cancel_of_a_job_on_an_unreachable_machine_say_so(
         assert "job nightly-t-1 runs on machine 'gone', which cannot be reached" in result.stderr
         assert "its last known state is running" in result.stderr and "Traceback" not in result.stderr
     assert store.get("nightly-t-1").status == "running"
+
+
+def test_a_target_on_a_docker_machine_trains_in_the_container(
+    dockerd: Dockerd, trainer_container: Any, tiny_model_dir: Path, corpus_dir: Path, tmp_path: Path
+) -> None:
+    execution = {
+        "type": "docker",
+        "container": trainer_container.name,
+        "docker_host": dockerd.url,
+        "container_dir": f"/tmp/mat-finetune-{tmp_path.name}",
+        "python": sys.executable,
+        "env": HOST_ENV,
+    }
+    finetuner = {
+        "jobs_dir": str(tmp_path / "jobs"),
+        "targets": [{"name": "boxed", "machine": "box"}],
+        "opensource": tiny_opensource_section(tiny_model_dir, tmp_path / "models", max_steps=2),
+    }
+    machines = [{"name": "box", "execution": execution}]
+    cfg = Config.model_validate({"machines": machines, "finetuner": finetuner})
+
+    [record] = start_targets(cfg, corpus_dir, "docker")
+
+    assert record.status == "completed", record.error
+    assert (tmp_path / "models" / record.id / "adapter_model.safetensors").is_file()
+    assert record.remote_dir == f"/tmp/mat-finetune-{tmp_path.name}/{record.id}/box/workspace"
+    assert not Path(record.remote_dir).exists()  # not on this machine's filesystem: inside the container
+    code, listing = trainer_container.exec_run(["ls", f"{record.remote_dir}/output/{record.id}"])
+    assert code == 0 and "adapter_model.safetensors" in listing.decode()

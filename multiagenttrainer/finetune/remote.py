@@ -7,6 +7,7 @@ limit), copy files back with every path checked (execution/remote.py).
 
     <jobs_dir>/<target>/<job id>/workspace/       what goes to the machine: target.json, corpus/<file>
     <jobs_dir>/<target>/<job id>/worker.log       the worker's output, as it arrives
+    <jobs_dir>/<target>/<job id>/CANCEL           left by `mat finetune cancel`: the job ends cancelled
     on the machine, <remote_dir>/<job id>/<machine>/workspace/ holds besides them:
         output/<job id>/                the adapter and tokenizer (checkpoints/ stays on the machine)
         jobs/<target>/<job id>.json     the worker's own record
@@ -15,13 +16,16 @@ The machine runs the worker that a local target runs (`<execution.python> -m
 multiagenttrainer.finetune.worker`), so mat with its `opensource` extra must be installed for that Python, and
 `model_id` must be a hub id or a folder on that machine. When the worker ends, the adapter comes back to
 `<output_dir>/<job id>/` and the machine's record is merged into the local one, which keeps where the job runs
-(machine, remote_dir, remote_pid).
+(machine, remote_dir, remote_pid). While it trains, its progress is copied from the machine's record every
+PROGRESS_POLL_S seconds, so `mat finetune start` and `list` show it as they do a local job's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,12 +34,14 @@ from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import DockerExecution, MachineConfig, OpenSourceConfig, SshExecution
 from multiagenttrainer.corpus.records import corpus_file
-from multiagenttrainer.errors import BackendError, ConfigError, MachineError
+from multiagenttrainer.errors import BackendError, ConfigError, MachineError, MatError
 from multiagenttrainer.execution.base import RunOutcome
 from multiagenttrainer.finetune.base import DEFAULT_TARGET, JobRecord, JobStore, read_record, safe_name
 from multiagenttrainer.finetune.registry import ResolvedTarget
 from multiagenttrainer.finetune.worker import target_spec
 from multiagenttrainer.processes import pid_alive
+
+log = logging.getLogger(__name__)
 
 RemoteExecution = SshExecution | DockerExecution
 REMOTE_TYPES = frozenset({"ssh", "docker"})
@@ -45,6 +51,8 @@ CORPUS_DIR = "corpus"
 OUTPUT_DIR = "output"  # the target's output_dir on the machine, inside the job's workspace there
 JOBS_DIR = "jobs"
 KEPT_THERE = frozenset({"checkpoints"})  # parts of the job folder that are not copied back
+CANCEL_MARKER = "CANCEL"
+PROGRESS_POLL_S = 3.0
 LOG_TAIL_LINES = 8
 LOG_TAIL_CHARS = 1500
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false"}
@@ -109,6 +117,11 @@ def staging(store: JobStore, target: str, job_id: str) -> Path:
     return job_folder(store, target, job_id) / "workspace"
 
 
+def cancel_marker(store: JobStore, target: str, job_id: str) -> Path:
+    """The file `cancel` leaves; the process that drives the job then ends it cancelled, whatever it read."""
+    return job_folder(store, target, job_id) / CANCEL_MARKER
+
+
 def record_path(target: str, job_id: str) -> str:
     """Where the worker on the machine keeps its record, relative to the workspace there."""
     return f"{JOBS_DIR}/{safe_name(target or DEFAULT_TARGET)}/{safe_name(job_id)}.json"
@@ -161,17 +174,56 @@ def train_on_machine(
     try:
         argv = worker_argv(execution, stage(target, corpus, workspace), name, job_id)
         machine.prepare(workspace)
+        remote_dir = machine.remote_workspace(workspace)
+        if cancel_marker(store, target.name, job_id).exists():  # cancelled while the workspace was copied
+            return finish(machine, target, store, job_id, "cancelled")
         record = store.get(job_id)
-        if record.finished:  # cancelled while the workspace was copied
-            return record
-        record.status, record.started_at = "running", now_iso()
-        record.remote_dir = machine.remote_workspace(workspace)
+        record.status, record.started_at, record.remote_dir = "running", now_iso(), remote_dir
         store.save(record)
-        log = job_folder(store, target.name, job_id) / "worker.log"
-        outcome = machine.run(workspace, argv, TIMEOUT_S, log, dict(WORKER_ENV))
-        return finish(machine, target, store, job_id, failure_reason(outcome, log, target.machine))
+        worker_log = job_folder(store, target.name, job_id) / "worker.log"
+        with ProgressPoller(machine, target, store, job_id):
+            outcome = machine.run(workspace, argv, TIMEOUT_S, worker_log, dict(WORKER_ENV))
+        return finish(machine, target, store, job_id, failure_reason(outcome, worker_log, target.machine))
     finally:
         machine.cleanup()
+
+
+class ProgressPoller:
+    """While the job trains, copies the machine's record's progress into the local record now and then."""
+
+    def __init__(self, machine: Machine, target: ResolvedTarget, store: JobStore, job_id: str) -> None:
+        self.machine, self.target, self.store, self.job_id = machine, target, store, job_id
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.poll, name=f"mat-progress-{job_id}", daemon=True)
+
+    def __enter__(self) -> ProgressPoller:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def poll(self) -> None:
+        """Every PROGRESS_POLL_S until done: progress, metrics and the remote pid (never the status)."""
+        workspace = staging(self.store, self.target.name, self.job_id)
+        while not self.done.wait(PROGRESS_POLL_S):
+            try:
+                remote = fetch_record(self.machine, workspace, self.store.get(self.job_id))
+            except MatError as exc:  # the run itself notices a lost machine
+                log.debug("no progress from machine %s: %s", self.target.machine, exc)
+                continue
+            if remote is not None:
+                self.save_progress(remote)
+
+    def save_progress(self, remote: JobRecord) -> None:
+        """The remote record's progress into the local record, unless the job was cancelled meanwhile."""
+        record = self.store.get(self.job_id)
+        if record.finished or cancel_marker(self.store, self.target.name, self.job_id).exists():
+            return
+        record.progress, record.metrics = remote.progress, remote.metrics
+        record.remote_pid = remote.pid or worker_pid(remote.metrics) or record.remote_pid
+        self.store.save(record)
 
 
 def failure_reason(outcome: RunOutcome, log: Path, machine: str) -> str:
@@ -203,7 +255,7 @@ def finish(machine: Machine, target: ResolvedTarget, store: JobStore, job_id: st
 
     A job cancelled here stays cancelled; one the machine did not finish failed for `reason`.
     """
-    cancelled = store.get(job_id).status == "cancelled"
+    cancelled = cancel_marker(store, target.name, job_id).exists()
     remote = collect(machine, target, store, job_id)
     record = store.get(job_id)
     if remote is not None:
@@ -295,7 +347,7 @@ def refresh(
         raise unreachable(record, exc) from exc
     finally:
         machine.cleanup()
-    if remote is not None and record.status != "cancelled":
+    if remote is not None and not cancel_marker(store, record.target, record.id).exists():
         merge(record, remote)
         store.save(record)
     return record
@@ -316,7 +368,10 @@ def cancel_on_machine(record: JobRecord, execution: RemoteExecution, store: JobS
     try:
         if record.status == "running":
             machine.listing(workspace)  # reachable: only then is the job recorded as cancelled
-        record.status, record.finished_at = "cancelled", now_iso()
+        marker = cancel_marker(store, record.target, record.id)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(now_iso(), encoding="utf-8")
+        record.status, record.finished_at, record.pid = "cancelled", now_iso(), None
         store.save(record)
         if record.remote_dir is not None:
             machine.stop(workspace)

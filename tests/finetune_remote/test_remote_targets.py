@@ -39,7 +39,8 @@ def test_a_target_on_an_ssh_machine_trains_there_and_its_adapter_comes_back(
     remote = records["remote"]
     printed = " ".join(started.stdout.split())  # long lines wrap in the terminal width
     assert f"remote: job {remote.id} completed {tmp_path / 'models' / remote.id}" in printed
-    assert f"lost: job {records['lost'].id} failed (cannot reach ssh host" in printed
+    lost_line = f"lost: job {records['lost'].id} failed {tmp_path / 'models' / records['lost'].id} ("
+    assert f"{lost_line}cannot reach ssh host" in printed
     assert "Traceback" not in started.stderr
     assert remote.status == "completed", remote.error
     adapter = tmp_path / "models" / remote.id
@@ -81,10 +82,14 @@ def test_status_follows_a_job_on_its_machine_and_cancel_stops_it_there(
     )
     driver.start()
     store = JobStore(tmp_path / "jobs")
-    wait_for(lambda: any(r.remote_dir for r in store.all()), 60, "the job to start on its machine")
+    wait_for(lambda: any(r.remote_dir for r in store.all()), 120, "the job to start on its machine")
     (job_id,) = [r.id for r in store.all()]
 
-    wait_for(lambda: (status(cfg, job_id).progress.get("step") or 0) >= 1, 180, "a training step on the host")
+    def stepped() -> bool:
+        return (store.get(job_id).progress.get("step") or 0) >= 1
+
+    wait_for(stepped, 180, "the host's progress in the local record (what the progress bars show)")
+    assert status(cfg, job_id).progress["step"] >= 1  # re-read from the machine's record
     shown = json.loads(mat("finetune", "status", job_id, "--config", str(config), "--json").stdout)
     assert (shown["status"], shown["machine"]) == ("running", "box")
     assert shown["remote_pid"] and shown["remote_pid"] != os.getpid()

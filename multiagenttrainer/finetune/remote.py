@@ -168,7 +168,7 @@ def train_on_machine(
 ) -> JobRecord:
     """Run the target's worker on its machine until it ends; its final record (MatError: it could not run)."""
     assert target.machine is not None
-    record = store.save(new_record(target, job_id, name))
+    store.save(new_record(target, job_id, name))
     workspace = staging(store, target.name, job_id)
     machine = open_machine(execution, target.machine)
     try:
@@ -226,7 +226,7 @@ class ProgressPoller:
         self.store.save(record)
 
 
-def failure_reason(outcome: RunOutcome, log: Path, machine: str) -> str:
+def failure_reason(outcome: RunOutcome, worker_log: Path, machine: str) -> str:
     """Why a worker that left no final record ended: the executor's reason or its exit, and its last lines."""
     if outcome.error:
         reason = outcome.error
@@ -234,14 +234,14 @@ def failure_reason(outcome: RunOutcome, log: Path, machine: str) -> str:
         reason = f"the training process on machine {machine!r} was stopped after {TIMEOUT_S:.0f} s"
     else:
         reason = f"the training process on machine {machine!r} exited with code {outcome.exit_code}"
-    tail = log_tail(log)
+    tail = log_tail(worker_log)
     return f"{reason}: {tail}" if tail else reason
 
 
-def log_tail(log: Path) -> str:
+def log_tail(worker_log: Path) -> str:
     """The last lines of the worker's log, as one line."""
     try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = worker_log.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
     return " | ".join(line.strip() for line in lines[-LOG_TAIL_LINES:] if line.strip())[-LOG_TAIL_CHARS:]

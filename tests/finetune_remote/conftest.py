@@ -66,11 +66,12 @@ def remote_config(
     host_model_dir: Path,
     corpus_dir: Path,
 ) -> Callable[..., Path]:
-    """`remote_config(targets, max_steps=2)`: mat.yaml with machine `box` (the test sshd) and `gone` (a
-    port where nothing listens), targets on the tiny model, jobs in tmp_path/jobs, adapters in .../models."""
+    """`remote_config(targets, max_steps=2, **execution)`: mat.yaml with machine `box` (the test sshd; its
+    execution fields overridden by `execution`) and `gone` (a port where nothing listens), targets on the tiny
+    model, jobs in tmp_path/jobs, adapters in tmp_path/models."""
 
-    def make(targets: list[dict[str, Any]], max_steps: int = 2) -> Path:
-        box = ssh_machine(ssh_user, sshd, client_key[1], tmp_path / "known_hosts")
+    def make(targets: list[dict[str, Any]], max_steps: int = 2, **execution: Any) -> Path:
+        box = ssh_machine(ssh_user, sshd, client_key[1], tmp_path / "known_hosts", **execution)
         gone = {**box, "ssh_host": f"{ssh_user.name}@127.0.0.1:{free_port()}", "connect_attempts": 1}
         section = tiny_opensource_section(host_model_dir, tmp_path / "models", max_steps)
         document = {

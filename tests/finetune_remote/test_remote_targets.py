@@ -106,6 +106,18 @@ def test_status_follows_a_job_on_its_machine_and_cancel_stops_it_there(
     assert status(cfg, job_id).status == "cancelled"
 
 
+def test_a_machine_without_mat_fails_its_target_with_the_workers_complaint(
+    remote_config: RemoteConfig, corpus_dir: Path
+) -> None:
+    config = remote_config([{"name": "bare", "machine": "box"}], python="/usr/bin/python3")  # no mat there
+
+    [record] = start_targets(load_config(config), corpus_dir, "bare")
+
+    assert record.status == "failed" and record.machine == "box"
+    assert "the training process on machine 'box' exited with code 1" in str(record.error)
+    assert "No module named" in str(record.error)  # the worker's own words, from its log
+
+
 def test_status_and_cancel_of_a_job_on_an_unreachable_machine_say_so(
     remote_config: RemoteConfig, tmp_path: Path
 ) -> None:

@@ -41,7 +41,7 @@ def finetune_start(
 
     try:
         cfg = load_config(config)  # config, QLoRA and corpus problems stop here, before anything starts
-        check_targets(chosen_targets(cfg, target))
+        check_targets(chosen_targets(cfg, target), cfg.machines)
         corpus_path = corpus_or_error(cfg, corpus)
     except MatError as exc:
         fail(exc)

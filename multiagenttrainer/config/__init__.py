@@ -357,7 +357,9 @@ class BedrockConfig(Model):
 class FineTuneTarget(Model):
     name: str
     model_id: str | None = None
-    machine: str | None = Field(None, description="Name of a machines entry (informational)")
+    machine: str | None = Field(
+        None, description="Name of a machines entry; an ssh or docker machine trains the target there"
+    )
     backend: Literal["opensource", "bedrock"] | None = None
     num_epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS)
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)

@@ -216,10 +216,18 @@ class DockerExecutor:
         if paths:
             log.info("sent %d file(s) to %s: %s", len(paths), self.where, ", ".join(paths[:5]))
 
+    def listing(self, workspace: Path) -> dict[str, str]:
+        """The files of the container's copy of the workspace (a prepared one), with their fingerprints."""
+        output = self.helper(state_argv(self.cfg, self.layout(workspace))).decode(errors="replace")
+        return parse_state(output, self.where)
+
+    def remote_workspace(self, workspace: Path) -> str:
+        """The absolute path of the workspace's copy in the container."""
+        return str(self.layout(workspace).workspace)
+
     def sync_now(self, workspace: Path) -> None:
         """Put whatever differs between the workspace and its copy in the container."""
-        output = self.helper(state_argv(self.cfg, self.layout(workspace))).decode(errors="replace")
-        remote = parse_state(output, self.where)
+        remote = self.listing(workspace)
         local = self._local.of(workspace)
         others = [p for p in files_to_send(local, remote) if remote.get(p) == "other"]
         if others:  # a link or directory in the way: tar extraction would follow or keep it

@@ -418,12 +418,16 @@ class SshExecutor:
         if paths:
             log.info("sent %d file(s) to %s: %s", len(paths), self.where, ", ".join(paths[:5]))
 
+    def remote_state(self, conn: Connection, layout: Layout) -> dict[str, str]:
+        """{relative path: fingerprint} of the host's copy of the workspace (the helper's `state`)."""
+        return parse_state(
+            self.helper(conn, state_argv(self.cfg, layout)).decode(errors="replace"), self.where
+        )
+
     def sync_now(self, conn: Connection, workspace: Path) -> None:
         """Send whatever differs between the workspace and its copy on the host."""
         layout = self.layout(conn, workspace)
-        remote = parse_state(
-            self.helper(conn, state_argv(self.cfg, layout)).decode(errors="replace"), self.where
-        )
+        remote = self.remote_state(conn, layout)
         self.send(conn, workspace, layout, files_to_send(self._local.of(workspace), remote), remote)
 
     def prepare_now(self, conn: Connection, workspace: Path) -> None:
@@ -469,6 +473,16 @@ class SshExecutor:
     def fetch(self, workspace: Path, paths: list[str]) -> None:
         """Copy files back from the host's copy into the workspace (missing ones are skipped)."""
         self.with_connection("copying files back", lambda conn: self.fetch_now(conn, workspace, paths))
+
+    def listing(self, workspace: Path) -> dict[str, str]:
+        """The files of the host's copy of the workspace (a prepared one), with their fingerprints."""
+        return self.with_connection(
+            "listing the workspace", lambda conn: self.remote_state(conn, self.layout(conn, workspace))
+        )
+
+    def remote_workspace(self, workspace: Path) -> str:
+        """The absolute path of the workspace's copy on the host."""
+        return self.with_connection("connecting", lambda conn: str(self.layout(conn, workspace).workspace))
 
     # ------------------------------------------------------------ running
 

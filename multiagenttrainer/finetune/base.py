@@ -50,7 +50,10 @@ class JobRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     progress: dict[str, Any] = field(default_factory=dict)  # step, total_steps, loss, tokens_per_s, eta_s
     error: str | None = None
-    pid: ProcessId | None = None
+    pid: ProcessId | None = None  # the process on this machine that trains the job (or drives it remotely)
+    machine: str | None = None  # the `machines` entry the job runs on; None on this machine
+    remote_dir: str | None = None  # the job's workspace on that machine
+    remote_pid: ProcessId | None = None  # the training process there (its process id on that machine)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

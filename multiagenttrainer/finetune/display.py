@@ -107,6 +107,7 @@ def render_job(console: Console, record: JobRecord) -> None:
         "id": record.id, "target": record.target, "backend": record.backend, "model": record.model,
         "status": record.status, "created": record.created_at, "started": record.started_at,
         "finished": record.finished_at, "arn": record.external_id, "output": record.output_path,
+        "machine": record.machine, "remote dir": record.remote_dir,
         "progress": progress_text(record) if record.progress else None, "error": record.error,
     }  # fmt: skip
     for key, value in lines.items():

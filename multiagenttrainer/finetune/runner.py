@@ -5,8 +5,10 @@
 
 Every target starts at once (`run_targets`). An open-source target trains in a child process of its own
 (`python -m multiagenttrainer.finetune.worker`), because accelerate and torch keep process-wide
-state; the CPU threads (and GPUs, when there are any) are split between those children. A Bedrock
-target returns as soon as AWS has accepted the job. A target that fails leaves a `failed` record
+state; the CPU threads (and GPUs, when there are any) are split between those children. An open-source
+target whose `machine:` is an ssh or docker machine trains there instead, through that machine's executor
+(finetune/remote.py); `status` and `cancel` reach it there. A Bedrock target returns as soon as AWS has
+accepted the job. A target that fails leaves a `failed` record
 with its error and does not stop the others; `failed_targets` names them afterwards. The step that runs
 one target is the only thing a caller swaps (`run_planned` here, a Prefect task in the flow).
 """
@@ -19,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +29,18 @@ from typing import Protocol
 
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
-from multiagenttrainer.config import Config, OpenSourceConfig, expand_path
-from multiagenttrainer.errors import ConfigError, CorpusError, MatError
+from multiagenttrainer.config import Config, MachineConfig, OpenSourceConfig, expand_path
+from multiagenttrainer.errors import BackendError, ConfigError, CorpusError, MatError
 from multiagenttrainer.finetune.base import JobRecord, JobStore, SkippedRecord
 from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner, resolve_targets, select_target
+from multiagenttrainer.finetune.remote import (
+    RemoteExecution,
+    cancel_on_machine,
+    machine_execution,
+    refresh,
+    train_on_machine,
+)
+from multiagenttrainer.finetune.worker import target_spec
 
 ProgressCallback = Callable[[list[JobRecord]], None]
 POLL_INTERVAL_S = 0.5
@@ -40,12 +50,14 @@ LOCAL_BACKENDS = frozenset({"opensource"})
 
 @dataclass(frozen=True)
 class PlannedJob:
-    """One target ready to start: its settings, the job id (local jobs) and its share of the machine."""
+    """One target ready to start: its settings, the job id (open-source jobs), its share of this machine,
+    or the ssh/docker machine it trains on."""
 
     target: ResolvedTarget
     job_id: str | None = None
     threads: int = 1
     gpus: str | None = None  # CUDA_VISIBLE_DEVICES for a local child; None leaves it unset
+    execution: RemoteExecution | None = None  # the target's machine, when it is not this one
 
 
 # --------------------------------------------------------------------------- planning
@@ -86,16 +98,23 @@ def with_absolute_paths(target: ResolvedTarget) -> ResolvedTarget:
     return ResolvedTarget(target.name, target.backend, config, target.machine)
 
 
-def check_targets(targets: list[ResolvedTarget]) -> None:
-    """Refuse settings that cannot run here (QLoRA without CUDA) before any target starts."""
+def check_targets(targets: list[ResolvedTarget], machines: Sequence[MachineConfig] = ()) -> None:
+    """Refuse settings that cannot run (an unknown machine, a Bedrock target sent to a machine, QLoRA
+    without CUDA on this machine) before any target starts."""
     from multiagenttrainer.finetune.opensource import check_4bit_supported
 
     for target in targets:
-        if isinstance(target.config, OpenSourceConfig):
-            try:
-                check_4bit_supported(target.config)
-            except ConfigError as exc:
-                raise ConfigError([f"target {target.name!r}: {p}" for p in exc.problems]) from None
+        try:
+            remote = machine_execution(target.machine, machines) is not None
+            if remote and target.backend not in LOCAL_BACKENDS:
+                raise ConfigError(
+                    f"finetuner.targets: {target.backend} jobs run at their provider, not on machine "
+                    f"{target.machine!r}; remove the target's machine"
+                )
+            if isinstance(target.config, OpenSourceConfig) and not remote:
+                check_4bit_supported(target.config)  # a remote machine checks its own GPU
+        except ConfigError as exc:
+            raise ConfigError([f"target {target.name!r}: {p}" for p in exc.problems]) from None
 
 
 def visible_gpus() -> list[str]:
@@ -127,20 +146,25 @@ def split_gpus(gpus: list[str], parts: int) -> list[str | None]:
     return [",".join(gpus[i * share : (i + 1) * share]) for i in range(parts)]
 
 
-def plan_jobs(targets: list[ResolvedTarget], name: str) -> list[PlannedJob]:
-    """Job ids for local targets and each local child's share of CPU threads and GPUs."""
+def plan_jobs(
+    targets: list[ResolvedTarget], name: str, machines: Sequence[MachineConfig] = ()
+) -> list[PlannedJob]:
+    """Job ids for open-source targets; each local child's share of CPU threads and GPUs, or its machine."""
     from multiagenttrainer.finetune.opensource import new_job_id
 
-    local = [t for t in targets if t.backend in LOCAL_BACKENDS]
+    executions = [machine_execution(t.machine, machines) for t in targets]
+    local = [t for t, e in zip(targets, executions, strict=True) if t.backend in LOCAL_BACKENDS and e is None]
     threads = max(1, (os.cpu_count() or 1) // max(1, len(local)))
     gpu_shares = iter(split_gpus(visible_gpus(), len(local)))
     planned = []
-    for target in targets:
-        if target.backend in LOCAL_BACKENDS:
+    for target, execution in zip(targets, executions, strict=True):
+        if target.backend not in LOCAL_BACKENDS:
+            planned.append(PlannedJob(target))
+        elif execution is not None:
+            planned.append(PlannedJob(target, new_job_id(f"{name}-{target.name}"), execution=execution))
+        else:
             job_id = new_job_id(f"{name}-{target.name}")
             planned.append(PlannedJob(target, job_id, threads, next(gpu_shares)))
-        else:
-            planned.append(PlannedJob(target))
     return planned
 
 
@@ -149,8 +173,10 @@ def plan_jobs(targets: list[ResolvedTarget], name: str) -> list[PlannedJob]:
 
 def run_planned(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
     """Run one target to its returned record; failures end as a `failed` record, never an exception."""
-    if job.target.backend in LOCAL_BACKENDS:
+    if job.target.backend in LOCAL_BACKENDS and job.execution is None:
         return run_local_child(job, corpus, name, store)
+    if job.target.backend in LOCAL_BACKENDS:
+        return run_on_machine(job, corpus, name, store)
     try:
         finetuner = make_finetuner(job.target, store)
         return finetuner.start_job(finetuner.prepare_dataset(corpus), name)
@@ -160,10 +186,8 @@ def run_planned(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> Jo
 
 def write_target_spec(job: PlannedJob, store: JobStore) -> Path:
     """The validated target, as the child process reads it (a process boundary: a file, not a model)."""
-    spec = {"name": job.target.name, "backend": job.target.backend, "machine": job.target.machine,
-            "config": job.target.config.model_dump(mode="json")}  # fmt: skip
     path = store.spec_path(job.target.name, str(job.job_id))
-    write_json_atomically(path, spec)
+    write_json_atomically(path, target_spec(job.target))
     return path
 
 
@@ -174,6 +198,15 @@ def worker_command(job: PlannedJob, corpus: Path, name: str, store: JobStore) ->
         "--target", str(write_target_spec(job, store)), "--corpus", str(corpus), "--name", name,
         "--job-id", str(job.job_id), "--jobs-dir", str(store.jobs_dir), "--threads", str(job.threads),
     ]  # fmt: skip
+
+
+def run_on_machine(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
+    """Train an open-source target on its ssh or docker machine and return its final record."""
+    assert job.job_id is not None and job.execution is not None
+    try:
+        return train_on_machine(job.target, job.job_id, job.execution, corpus, name, store)
+    except MatError as exc:
+        return failed_record(store, job, name, str(exc), find_record(store, job.job_id))
 
 
 def child_environment(job: PlannedJob) -> dict[str, str]:
@@ -263,10 +296,10 @@ def start_targets(
     A failing target does not stop the others: its record says `failed` with the reason.
     """
     targets = chosen_targets(cfg, target)
-    check_targets(targets)
+    check_targets(targets, cfg.machines)
     corpus = corpus_or_error(cfg, corpus_path)
     store = jobs_store(cfg)
-    planned = plan_jobs(targets, name)
+    planned = plan_jobs(targets, name, cfg.machines)
     with ThreadPoolExecutor(max_workers=len(planned), thread_name_prefix="mat-finetune") as pool:
         context = contextvars.copy_context
         futures = [pool.submit(context().run, step, job, corpus, name, store) for job in planned]
@@ -316,11 +349,16 @@ def backend_for_record(cfg: Config, record: JobRecord, store: JobStore) -> Resol
 
 
 def status(cfg: Config, job_id: str) -> JobRecord:
-    """The job's record, refreshed from its backend (Bedrock jobs are read from AWS)."""
+    """The job's record, refreshed from its backend (Bedrock jobs are read from AWS, jobs on a machine from
+    the record there)."""
     store = jobs_store(cfg)
     record = store.get(job_id)
     if never_submitted(record):
         return record
+    if record.machine is not None:
+        if record.finished:
+            return record
+        return refresh(record, backend_for_record(cfg, record, store), record_machine(cfg, record), store)
     return make_finetuner(backend_for_record(cfg, record, store), store).get_status(record.id)
 
 
@@ -329,8 +367,25 @@ def never_submitted(record: JobRecord) -> bool:
     return record.backend not in LOCAL_BACKENDS and record.external_id is None and record.finished
 
 
+def record_machine(cfg: Config, record: JobRecord) -> RemoteExecution:
+    """The execution of the machine a job runs on, from the config; BackendError when it is gone from it."""
+    try:
+        execution = machine_execution(record.machine, cfg.machines)
+    except ConfigError:
+        execution = None
+    if execution is None:
+        raise BackendError(
+            f"job {record.id} runs on machine {record.machine!r}, which the config no longer lists as an ssh "
+            "or docker machine; put it back under machines: to reach the job"
+        )
+    return execution
+
+
 def cancel(cfg: Config, job_id: str) -> JobRecord:
-    """Cancel the job through its backend; a local job stops at its next training step."""
+    """Cancel the job through its backend; a local job stops at its next training step, one on a machine
+    is stopped there at once."""
     store = jobs_store(cfg)
     record = store.get(job_id)
+    if record.machine is not None:
+        return record if record.finished else cancel_on_machine(record, record_machine(cfg, record), store)
     return make_finetuner(backend_for_record(cfg, record, store), store).cancel_job(record.id)

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import OpenSourceConfig
@@ -28,8 +29,14 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", required=True)
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--jobs-dir", required=True, type=Path)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads; 0: all of this machine's")
     return parser.parse_args(argv)
+
+
+def target_spec(target: ResolvedTarget) -> dict[str, Any]:
+    """The resolved target as the worker reads it (`--target` file)."""
+    return {"name": target.name, "backend": target.backend, "machine": target.machine,
+            "config": target.config.model_dump(mode="json")}  # fmt: skip
 
 
 def read_target(path: Path) -> ResolvedTarget:
@@ -40,7 +47,11 @@ def read_target(path: Path) -> ResolvedTarget:
 
 
 def limit_threads(threads: int) -> None:
-    """Use only this process's share of the CPU (the parent also sets OMP_NUM_THREADS)."""
+    """Use only this process's share of the CPU (the parent also sets OMP_NUM_THREADS); 0 means the
+    machine's own setting: OMP_NUM_THREADS where it is a number, else every CPU (a target on its machine)."""
+    if threads <= 0:
+        declared = os.environ.get("OMP_NUM_THREADS", "").strip()
+        threads = int(declared) if declared.isdigit() and 0 < int(declared) < 4096 else os.cpu_count() or 1
     os.environ["OMP_NUM_THREADS"] = str(threads)
     import torch
 

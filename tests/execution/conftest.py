@@ -17,15 +17,17 @@ from typing import Any
 import pytest
 
 from multiagenttrainer.config import DockerExecution, SshExecution
-from tests.support import dockerd as dockerd_support
 from tests.support import netns as netns_support
-from tests.support import sshd as sshd_support
+from tests.support.docker_fixtures import busybox_image, dockerd
 from tests.support.dockerd import Dockerd
 from tests.support.netns import Netns
-from tests.support.sshd import KeyPair, Sshd, SshUser, traversable
+from tests.support.ssh_fixtures import PYTHON_DIRS, client_key, ssh_user, sshd
+from tests.support.sshd import KeyPair, Sshd, SshUser
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PYTHON_DIRS = [Path(sys.prefix), Path(sys.base_prefix).resolve()]  # the venv and the interpreter under it
+
+# session fixtures from tests/support
+__all__ = ["busybox_image", "client_key", "dockerd", "ssh_user", "sshd"]
 
 
 def skip_unless(reason: str | None) -> None:
@@ -34,35 +36,6 @@ def skip_unless(reason: str | None) -> None:
 
 
 # ---------------------------------------------------------------- ssh
-
-
-@pytest.fixture(scope="session")
-def client_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[KeyPair, Path]:
-    """The key mat logs in with: (key pair, private key file)."""
-    key = KeyPair.generate()
-    return key, key.write(tmp_path_factory.mktemp("ssh-client") / "id_ed25519")
-
-
-@pytest.fixture(scope="session")
-def ssh_user() -> Iterator[SshUser]:
-    """A dedicated login for the session, allowed to run this machine's Python."""
-    skip_unless(sshd_support.missing_prerequisite())
-    user = SshUser.create()
-    try:
-        with traversable(Path(sys.executable), *PYTHON_DIRS):
-            yield user
-    finally:
-        user.remove()
-
-
-@pytest.fixture(scope="session")
-def sshd(ssh_user: SshUser, client_key: tuple[KeyPair, Path]) -> Iterator[Sshd]:
-    """sshd on 127.0.0.1 (a free port) accepting the client key for `ssh_user`."""
-    server = Sshd.start(ssh_user, client_key[0].public)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -102,22 +75,6 @@ def ssh_config(
 
 
 # ---------------------------------------------------------------- docker
-
-
-@pytest.fixture(scope="session")
-def dockerd() -> Iterator[Dockerd]:
-    """dockerd for the session (own data root and socket, no iptables, no bridge)."""
-    skip_unless(dockerd_support.missing_prerequisite())
-    daemon = Dockerd.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="session")
-def busybox_image(dockerd: Dockerd) -> str:
-    return dockerd.import_busybox()
 
 
 @pytest.fixture(scope="session")

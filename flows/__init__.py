@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
+
+import prefect
 
 from multiagenttrainer.config import Config, load_config
 
@@ -17,8 +20,14 @@ def loaded_config(config: Config | str | Path | None) -> tuple[Config, str | Non
 
 
 class _DropPrefectRecords(logging.Filter):
+    """Drops records of Prefect's loggers, and of loggers Prefect's own code names otherwise
+    (its background services log as `EventsWorker`, `APILogWorker`, ...)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith("prefect")
+        return not (record.name.startswith("prefect") or record.pathname.startswith(_PREFECT_DIR))
+
+
+_PREFECT_DIR = str(Path(prefect.__file__).parent) + os.sep
 
 
 def quiet_console_logging() -> None:

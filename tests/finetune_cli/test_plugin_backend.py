@@ -169,7 +169,8 @@ def test_finetune_start_prints_every_target_on_stdout_when_one_fails(
     assert good == "good: job pair-good-mycloud running mycloud:pair-good-mycloud"
     reason = "mycloud has no model 'missing-model'; set finetuner.mycloud.model_id"
     assert re.fullmatch(rf"broken: job (pair-broken-\S+) failed \({re.escape(reason)}\)", broken), broken
-    assert result.stderr.splitlines() == [f"error: target 'broken' (job {broken.split()[2]}) failed: {reason}"]
+    job_id = broken.split()[2]
+    assert result.stderr.splitlines() == [f"error: target 'broken' (job {job_id}) failed: {reason}"]
     jobs = {
         job["target"]: job for job in mat_json("finetune", "list", "--config", str(config), env=plugin_env())
     }

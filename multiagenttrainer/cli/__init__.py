@@ -320,8 +320,10 @@ def project_dir() -> Path:
 
 def main() -> None:
     """Console-script entry point."""
+    from multiagenttrainer.cli.common import configure_console_logging
     from multiagenttrainer.errors import disk_full_error, is_disk_full
 
+    configure_console_logging()
     try:
         app()
     except KeyboardInterrupt:

@@ -85,35 +85,80 @@ def run_rows(output_dir: Path) -> list[dict[str, Any]]:
     return [status_row(state, now) for _, state in list_runs(Path(output_dir))]
 
 
+STATUS_COLUMNS = ("id", "name", "status", "experiments", "baseline", "best", "started", "duration")
+# On a terminal too narrow for every column, these give way in this order (the id ends with the name).
+GIVEN_UP_FIRST = ("started", "baseline", "duration", "experiments", "name", "best")
+CELL_PADDING = 2  # a column's share of the table's padding (one space either side)
+
+
+def status_cells(row: dict[str, Any]) -> dict[str, Text]:
+    """One `mat status` row as text cells, by column."""
+    return {
+        "id": Text(row["id"]),
+        "name": Text(row["name"]),
+        "status": Text(row["status"], style=STATUS_STYLES.get(row["status"], "")),
+        "experiments": Text(f"{row['experiments_done']}/{row['max_experiments']}"),
+        "baseline": Text(_bpb(row["baseline_val_bpb"])),
+        "best": Text(_bpb(row["best_val_bpb"])),
+        "started": Text(_local_time(row["started_at"])),
+        "duration": Text(format_elapsed(row["duration_s"])),
+    }
+
+
+def natural_widths(cells: list[dict[str, Text]]) -> dict[str, int]:
+    """Each column's width when nothing is cut: its longest cell or its header, plus padding."""
+    return {
+        column: max([len(column), *(cell[column].cell_len for cell in cells)]) + CELL_PADDING
+        for column in STATUS_COLUMNS
+    }
+
+
+def fitting_columns(widths: dict[str, int], width: int) -> list[str]:
+    """The columns that fit in `width`, least useful given up first; id and status always stay."""
+    columns = list(STATUS_COLUMNS)
+    for column in GIVEN_UP_FIRST:
+        if sum(widths[c] for c in columns) <= width:
+            break
+        columns.remove(column)
+    return columns
+
+
 def render_status_table(console: Console, rows: list[dict[str, Any]]) -> None:
-    """Print the `mat status` table (or a one-line note when there are no runs)."""
+    """Print the `mat status` table (or a one-line note when there are no runs).
+
+    Run ids are never cut (`mat train --resume` needs them whole): on a narrow terminal the least useful
+    columns give way (and the table is as wide as an id when even that does not fit); piped output gets
+    every column at full width.
+    """
     if not rows:
         console.print("No training runs yet; start one with `mat train`.")
         return
-    table = Table(
-        "id",
-        "name",
-        "status",
-        "experiments",
-        "baseline",
-        "best",
-        "started",
-        "duration",
-        box=None,
-        header_style="bold",
+    cells = [status_cells(row) for row in rows]
+    widths = natural_widths(cells)
+    columns = fitting_columns(widths, console.width) if console.is_terminal else list(STATUS_COLUMNS)
+    table = Table(box=None, header_style="bold")
+    for column in columns:
+        if column == "id":
+            table.add_column(column, no_wrap=True, min_width=widths["id"] - CELL_PADDING)
+        else:
+            table.add_column(column, overflow="fold")
+    for cell in cells:
+        table.add_row(*(cell[column] for column in columns))
+    full_width = sum(widths[column] for column in columns)
+    width = max(console.width, widths["id"]) if console.is_terminal else full_width
+    (console if width <= console.width else console_of_width(console, width)).print(table)
+
+
+def console_of_width(console: Console, width: int) -> Console:
+    """A console that writes where `console` does, as it does, but `width` columns wide."""
+    return Console(
+        file=console.file,
+        width=width,
+        force_terminal=console.is_terminal,
+        color_system=console.color_system,  # type: ignore[arg-type]  # the same names rich accepts
+        no_color=console.no_color,
+        highlight=False,
     )
-    for row in rows:
-        table.add_row(
-            row["id"],
-            row["name"],
-            Text(row["status"], style=STATUS_STYLES.get(row["status"], "")),
-            f"{row['experiments_done']}/{row['max_experiments']}",
-            _bpb(row["baseline_val_bpb"]),
-            _bpb(row["best_val_bpb"]),
-            _local_time(row["started_at"]),
-            format_elapsed(row["duration_s"]),
-        )
-    console.print(table)
 
 
 def _bpb(value: float | None) -> str:

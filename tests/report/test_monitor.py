@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -10,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from multiagenttrainer.experiments.run_state import RunState
@@ -99,6 +101,61 @@ def test_status_table_text(tmp_path: Path) -> None:
     empty = text_console()
     render_status_table(empty, [])
     assert output(empty) == "No training runs yet; start one with `mat train`.\n"
+
+
+LONG_NAME = "llama3-8b-instruct-nightly-sweep"
+
+
+def status_lines(tmp_path: Path, width: int, terminal: bool) -> list[str]:
+    """`mat status`'s table for two runs with long names, on a terminal of `width` columns or piped."""
+    save(tmp_path, make_state(LONG_NAME))
+    save(tmp_path, make_state("small"))
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=terminal)
+    render_status_table(console, run_rows(tmp_path))
+    return output(console).splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_status_on_a_narrow_terminal_never_cuts_a_run_id(tmp_path: Path, width: int) -> None:
+    lines = status_lines(tmp_path, width, terminal=True)
+    ids = [f"20250308-020000-{LONG_NAME}", "20250308-020000-small"]
+    assert [line.split()[0] for line in lines[1:] if line.startswith(" 2025")] == ids
+    assert all(len(line) <= max(width, len(ids[0]) + 2) for line in lines)
+    assert "…" not in "".join(lines)
+    header = lines[0].split()
+    assert header[0] == "id" and "started" not in header  # the first column to give way
+    assert ("status" in header) == (width >= 60)
+
+
+def test_status_piped_keeps_every_column_whole(tmp_path: Path) -> None:
+    lines = status_lines(tmp_path, 80, terminal=False)  # a pipe: rich assumes 80 columns
+    assert lines[0].split() == [
+        "id",
+        "name",
+        "status",
+        "experiments",
+        "baseline",
+        "best",
+        "started",
+        "duration",
+    ]
+    assert lines[1].split()[:3] == [f"20250308-020000-{LONG_NAME}", LONG_NAME, "completed"]
+    assert len(lines[1].split()) == 9  # every value on one line (the start time is two words)
+
+
+def test_mat_status_piped_at_80_columns_prints_whole_ids(tmp_path: Path) -> None:
+    save(tmp_path, make_state(LONG_NAME))
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")} | {
+        "COLUMNS": "80"
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "multiagenttrainer.cli", "status", "--output-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()
+    assert row.split()[:3] == [f"20250308-020000-{LONG_NAME}", LONG_NAME, "completed"]
+    assert row.split()[-1] == "6:30" and len(row) > 80
 
 
 def test_watch_frame_for_a_running_and_a_completed_run() -> None:

@@ -1,8 +1,9 @@
 """What `mat status` and `mat watch` show: every run under an output directory, read from its run.json.
 
 Runs are read, never written, so this works for runs owned by other processes (several
-`mat train --name X &` at once). The frame of `mat watch` and the rows of `mat status` are pure
-functions of the run states and the current time; only `watch_runs` loops and sleeps.
+`mat train --name X &` at once). `mat watch` also lists the runs that `mat train` is still starting
+(experiments/starting.py) and waits for them. The frame of `mat watch` and the rows of `mat status` are
+pure functions of the run states and the current time; only `watch_runs` loops and sleeps.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from rich.table import Table
 from rich.text import Text
 
 from multiagenttrainer.experiments.run_state import RunState, list_runs
+from multiagenttrainer.experiments.starting import StartingRun, starting_runs
 
 STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "interrupted": "yellow"}
 BAR_WIDTH = 24
-WAIT_FOR_RUNS_S = 10.0  # how long `mat watch` waits for a first run to appear before giving up
+# How long `mat watch` waits for a run to be running or starting before it gives up: `mat train` marks
+# its run as starting a few seconds after it is typed (Python's start-up on a busy machine).
+WAIT_FOR_RUNS_S = 30.0
 DASH = "—"
 
 
@@ -210,13 +214,27 @@ def progress_cell(state: RunState) -> Table:
     return cell
 
 
+def starting_lines(starting: Sequence[StartingRun], now: datetime) -> Text:
+    """`starting: small (pid 123, 12 s)`, one line per run that `mat train` is still starting."""
+    lines = []
+    for run in starting:
+        age = run.age_s(now)
+        waited = f", {age:.0f} s" if age is not None else ""
+        lines.append(f"starting: {run.name} (pid {run.pid}{waited})")
+    return Text("\n".join(lines), style="cyan")
+
+
 def render_watch_frame(
-    states: Sequence[RunState], now: datetime, output_dir: str | Path | None = None
+    states: Sequence[RunState],
+    now: datetime,
+    output_dir: str | Path | None = None,
+    starting: Sequence[StartingRun] = (),
 ) -> RenderableType:
-    """One frame of `mat watch` for these runs at time `now`."""
+    """One frame of `mat watch` for these runs (and those still starting) at time `now`."""
     where = f" under {output_dir}" if output_dir is not None else ""
     if not states:
-        return Text(f"No training runs{where} yet.")
+        empty = Text(f"No training runs{where} yet.")
+        return Group(empty, starting_lines(starting, now)) if starting else empty
     statuses = [state.effective_status() for state in states]
     running = statuses.count("running")
     table = Table(
@@ -240,7 +258,7 @@ def render_watch_frame(
     local_now = now.astimezone().strftime("%H:%M:%S")
     runs = f"{len(states)} run" + ("" if len(states) == 1 else "s")
     title = Text(f"{runs}{where}, {running} running, at {local_now}", style="dim")
-    return Group(title, table)
+    return Group(title, table, starting_lines(starting, now)) if starting else Group(title, table)
 
 
 def all_done(states: Sequence[RunState]) -> bool:
@@ -253,6 +271,12 @@ def load_states(output_dir: Path) -> list[RunState]:
     return [state for _, state in list_runs(output_dir)]
 
 
+def still_starting(output_dir: Path, states: Sequence[RunState], now: datetime) -> list[StartingRun]:
+    """Runs being started whose process has not written a run.json yet (one that has is listed as a run)."""
+    owners = {(state.host, state.pid) for state in states}
+    return [run for run in starting_runs(output_dir, now) if (run.host, run.pid) not in owners]
+
+
 def watch_runs(
     console: Console,
     output_dir: Path,
@@ -261,26 +285,49 @@ def watch_runs(
     stop_when_done: bool = True,
     wait_for_runs_s: float = WAIT_FOR_RUNS_S,
 ) -> None:
-    """Show every run under `output_dir`, refreshed every `refresh_s`, until none is running.
+    """Show every run under `output_dir`, refreshed every `refresh_s`, until none is running or starting.
 
-    `once` prints a single plain frame. Without runs, waits `wait_for_runs_s` for one to appear.
+    `once` prints a single plain frame. Runs that `mat train` is starting count as running; when there
+    is none of either, it waits `wait_for_runs_s` for one before it gives up, saying so.
     """
     output_dir = Path(output_dir)
-    if once:
-        console.print(render_watch_frame(load_states(output_dir), datetime.now(UTC), output_dir))
-        return
-    started = time.monotonic()
+    now = datetime.now(UTC)
     states = load_states(output_dir)
-    with Live(
-        render_watch_frame(states, datetime.now(UTC), output_dir),
-        console=console,
-        auto_refresh=False,
-        transient=False,
-    ) as live:
+    if once:
+        console.print(render_watch_frame(states, now, output_dir, still_starting(output_dir, states, now)))
+        return
+    started, seen_activity = time.monotonic(), False
+    with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
+            now = datetime.now(UTC)
             states = load_states(output_dir)
-            live.update(render_watch_frame(states, datetime.now(UTC), output_dir), refresh=True)
-            waited_out = not states and time.monotonic() - started >= wait_for_runs_s
-            if stop_when_done and (waited_out or (states and all_done(states))):
-                return
+            starting = still_starting(output_dir, states, now)
+            active = bool(starting) or not all_done(states)
+            seen_activity = seen_activity or active
+            waited_s = time.monotonic() - started
+            view = watch_view(states, now, output_dir, starting, waited_s, wait_for_runs_s)
+            live.update(view, refresh=True)
+            if stop_when_done and not active and (seen_activity or waited_s >= wait_for_runs_s):
+                break
             time.sleep(refresh_s)
+    if not seen_activity:
+        console.print(
+            f"Nothing is running or starting under {output_dir} (waited {wait_for_runs_s:g} s); "
+            "start a run with `mat train --name NAME &`, then `mat watch`."
+        )
+
+
+def watch_view(
+    states: Sequence[RunState],
+    now: datetime,
+    output_dir: Path,
+    starting: Sequence[StartingRun],
+    waited_s: float,
+    wait_for_runs_s: float,
+) -> RenderableType:
+    """The frame, with a line saying what watch is waiting for while nothing runs or starts yet."""
+    frame = render_watch_frame(states, now, output_dir, starting)
+    if starting or not all_done(states):
+        return frame
+    note = f"waiting for a run to start ({waited_s:.0f} of {wait_for_runs_s:.0f} s)"
+    return Group(frame, Text(note, style="dim"))

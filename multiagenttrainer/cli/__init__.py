@@ -31,7 +31,7 @@ from multiagenttrainer.cli.common import (
 from multiagenttrainer.cli.finetune import finetune_app
 from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
-from multiagenttrainer.config import load_config
+from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import MatError
 
 app = typer.Typer(
@@ -188,10 +188,32 @@ def train_command(
     ] = None,
 ) -> None:
     """Ingest, set up a workspace and run training experiments; writes results.tsv and report.md."""
-    from multiagenttrainer.render import TrainReporter
+    from multiagenttrainer.config import expand_path
+    from multiagenttrainer.experiments.starting import starting_marker
+    from multiagenttrainer.training import default_run_name
 
     try:
         cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
+    except MatError as exc:
+        fail(exc)
+    runs = expand_path(str(output_dir or cfg.training.output_dir))
+    with starting_marker(runs, resume or default_run_name(name, config)):  # `mat watch` sees it from now on
+        run_train_command(cfg, config, name, max_experiments, output_dir, resume, corpus_dir)
+
+
+def run_train_command(
+    cfg: Config,
+    config: Path | None,
+    name: str | None,
+    max_experiments: int | None,
+    output_dir: Path | None,
+    resume: str | None,
+    corpus_dir: Path | None,
+) -> None:
+    """`mat train` once its config is loaded: check the agent, start Prefect, run, print where things are."""
+    from multiagenttrainer.render import TrainReporter
+
+    try:
         if not resume:
             from multiagenttrainer.agents import make_agent
 

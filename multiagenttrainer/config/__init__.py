@@ -197,6 +197,22 @@ class AutoresearchConfig(Model):
     branch: str = "master"
     train_time: int = Field(300, ge=1, le=WEEK_S, description="Training time budget per experiment, seconds")
     program_md: str | None = Field(None, description="Path to a program.md that replaces the default")
+    fixed_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Built-in template only: train exactly this many steps instead of train_time seconds, so "
+        "results do not depend on the machine's speed or load (train_time then only bounds a run's length)",
+    )
+
+    @model_validator(mode="after")
+    def _fixed_steps_need_the_template(self) -> AutoresearchConfig:
+        if self.fixed_steps is not None and self.repo:
+            raise ValueError(
+                "fixed_steps works with the built-in template only (real autoresearch trains for its "
+                "TIME_BUDGET); remove fixed_steps or autoresearch.repo"
+            )
+        return self
 
 
 class TrainingConfig(Model):

@@ -8,11 +8,9 @@ Each test drives `mat` subprocesses as a user would (built-in agent, built-in te
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -20,7 +18,6 @@ from uuid import UUID
 
 import pandas as pd
 import pytest
-import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -199,45 +196,6 @@ def test_status_and_watch_show_two_concurrent_runs(
         (line,) = [line for line in watch.stdout.splitlines() if line.startswith(name)]
         assert "completed" in line and "2/2" in line
         assert f"{rows[name]['best_val_bpb']:.6f}" in line
-
-
-QUICK_START_WATCH = """mat train --config llama3.yaml --name llama3 &
-mat train --config mistral.yaml --name mistral &
-mat watch
-wait
-"""
-
-
-def test_the_quick_start_line_shows_both_runs_in_mat_watch(
-    prefect_api: str, tiny_source: Path, tmp_path: Path
-) -> None:
-    """README's "run multiple models in parallel and watch": the lines as written, from bash, in a fresh
-    directory; `mat watch` starts before either run's directory exists and shows both to the end."""
-    for name in (
-        "llama3",
-        "mistral",
-    ):  # both use the default training.output_dir, ./runs, as `mat watch` does
-        document = {
-            "sources": [{"type": "local_repo", "path": str(tiny_source), "name": "tiny"}],
-            "corpus": {"dir": f"./corpus-{name}", "staging_dir": f"./staging-{name}"},
-            "training": {"max_experiments": 2},
-        }
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(document), encoding="utf-8")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    result = subprocess.run(
-        ["bash", "-c", QUICK_START_WATCH], cwd=tmp_path, env=mat_env(PATH=path),
-        capture_output=True, text=True, timeout=2 * COMMAND_TIMEOUT_S, check=False,
-    )  # fmt: skip
-
-    assert result.returncode == 0, result.stdout + result.stderr
-    frame = result.stdout[result.stdout.rindex("2 runs under runs") :]  # the last frame watch printed
-    assert frame.startswith("2 runs under runs, 0 running")
-    for name in ("llama3", "mistral"):
-        (line,) = [line for line in frame.splitlines() if line.startswith(name)]
-        assert "completed" in line and "2/2" in line
-    assert "Nothing is running" not in result.stdout
-    assert not list((tmp_path / "runs" / ".starting").glob("*.json"))  # each run removed its marker
-    assert "Traceback" not in result.stderr
 
 
 def test_resume_after_sigkill_completes_the_run_without_repeating_experiments(

@@ -59,6 +59,8 @@ MAX_BATCH = 4096
 MAX_TOKENS = 1 << 20  # sequence length
 MAX_LORA_R = 4096
 MAX_PORT = 65_535
+HOUR_S = 3600
+MAX_CONNECT_ATTEMPTS = 100
 
 
 class Model(BaseModel):
@@ -153,29 +155,108 @@ class LocalExecution(Model):
     type: Literal["local"] = "local"
 
 
-class SshExecution(Model):
-    type: Literal["ssh"]
-    ssh_host: str = Field(description="[user@]host[:port]")
-    ssh_key: str | None = Field(None, description="Private key path; SSH defaults otherwise")
-    remote_dir: str = "/tmp/mat-runs"
+class RemoteExecution(Model):
+    """What the ssh and docker targets share: the Python there and the training command's environment."""
 
-    @field_validator("ssh_host")
+    python: str = Field(
+        "python3",
+        description="Python on the target: runs mat's session helper, and the built-in train.py instead of "
+        "the interpreter mat runs under",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables set for training")
+    forward_env: list[str] = Field(
+        default_factory=lambda: ["MAT_FIXED_STEPS"],
+        description="Names of local environment variables passed on to training when they are set",
+    )
+
+    @field_validator("python")
     @classmethod
-    def _port_in_range(cls, value: str) -> str:
-        host = value.rpartition("@")[2]
-        if host.count(":") > 1 and not host.startswith("["):
-            return value  # a bare IPv6 address, no port
-        after_address = host.rpartition("]")[2] if host.startswith("[") else host
-        _, colon, port = after_address.rpartition(":")
-        if colon and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
-            raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
+    def _one_word(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError("must be one command or path, for example python3 or /opt/venv/bin/python")
         return value
 
 
-class DockerExecution(Model):
+def split_ssh_host(value: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (IPv6 as `[::1]:22`) as (user or None, host, port or None)."""
+    user, _, rest = value.rpartition("@")
+    port: str | None = None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else None
+        if tail and port is None:
+            raise ValueError(f"{value!r} is not [user@]host[:port]; write an IPv6 address as [::1]:22")
+    elif rest.count(":") == 1:
+        host, port = rest.split(":")
+    else:
+        host = rest
+    if not host or any(c.isspace() or c in "/'\"" for c in host) or "@" in user:
+        raise ValueError(f"{value!r} is not [user@]host[:port], for example trainer@gpu-box.example.com:2222")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
+        raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
+    return user or None, host, int(port) if port else None
+
+
+class SshExecution(RemoteExecution):
+    type: Literal["ssh"]
+    ssh_host: str = Field(description="[user@]host[:port]")
+    ssh_port: int | None = Field(
+        None, ge=1, le=MAX_PORT, description="Port, when ssh_host has none; 22 if unset"
+    )
+    ssh_key: str | None = Field(
+        None, description="Private key path; the SSH agent and default keys otherwise"
+    )
+    remote_dir: str = Field("/tmp/mat-runs", description="Base directory on the host (absolute or ~/...)")
+    known_hosts: str | None = Field(
+        None, description="known_hosts file read besides ~/.ssh/known_hosts; accept_new writes here"
+    )
+    host_key_policy: Literal["strict", "accept_new"] = Field(
+        "strict", description="strict: unknown hosts are refused; accept_new: their key is recorded"
+    )
+    connect_timeout: float = Field(10, gt=0, le=HOUR_S, description="Seconds to wait for the connection")
+    connect_attempts: int = Field(
+        3, ge=1, le=MAX_CONNECT_ATTEMPTS, description="Tries to connect, with backoff, before giving up"
+    )
+    alive_timeout: float = Field(
+        30,
+        gt=0,
+        le=HOUR_S,
+        description="Seconds without a sign of life from the host before the connection is lost",
+    )
+
+    @field_validator("ssh_host")
+    @classmethod
+    def _host_shape(cls, value: str) -> str:
+        split_ssh_host(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_port(self) -> SshExecution:
+        _, _, port = split_ssh_host(self.ssh_host)
+        if port is not None and self.ssh_port is not None and port != self.ssh_port:
+            raise ValueError(f"ssh_host says port {port} and ssh_port says {self.ssh_port}; keep one")
+        return self
+
+    def address(self) -> tuple[str | None, str, int]:
+        """(user or None, host, port) of the target."""
+        user, host, port = split_ssh_host(self.ssh_host)
+        return user, host, port or self.ssh_port or 22
+
+
+class DockerExecution(RemoteExecution):
     type: Literal["docker"]
     container: str = Field(description="Name or id of a running container")
-    container_dir: str = "/tmp/mat-runs"
+    container_dir: str = Field("/tmp/mat-runs", description="Base directory inside the container (absolute)")
+    docker_host: str | None = Field(
+        None, description="Docker daemon URL; DOCKER_HOST or the default otherwise"
+    )
+
+    @field_validator("container_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path inside the container, for example /tmp/mat-runs")
+        return value
 
 
 ExecutionConfig = Annotated[LocalExecution | SshExecution | DockerExecution, Field(discriminator="type")]
@@ -494,6 +575,76 @@ class ServeConfig(Model):
         return value
 
 
+# --------------------------------------------------------------------------- models and requests
+
+MAX_PARAMS = 10**13  # parameters of one model: far above any that exists
+MAX_MEMORY_GB = 100_000.0
+
+
+class ModelCandidate(Model):
+    """One entry of the `models:` catalog: a base model `mat request` may choose and fine-tune."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    model_id: str = Field(min_length=1, description="A local model folder or a Hugging Face hub id")
+    params: int = Field(ge=1, le=MAX_PARAMS, description="Parameter count, for the memory estimate")
+    use_4bit: bool = Field(False, description="Fine-tune with QLoRA (needs CUDA); ~0.5 GB per billion")
+
+
+LearningRate = Annotated[float, Field(gt=0, le=1)]
+LoraRank = Annotated[int, Field(ge=1, le=MAX_LORA_R)]
+
+
+class TrialsConfig(Model):
+    """The Model agent's short trials: a grid over learning rate and LoRA rank on the chosen candidates."""
+
+    learning_rates: list[LearningRate] = Field(
+        default_factory=lambda: [1e-4, 3e-4], min_length=1, max_length=16
+    )
+    lora_ranks: list[LoraRank] = Field(default_factory=lambda: [8, 16], min_length=1, max_length=16)
+    steps: int = Field(20, ge=1, le=MAX_STEPS, description="Optimizer steps of one trial")
+    max_candidates: int = Field(2, ge=1, le=100, description="Candidates tried: the smallest that fit")
+    parallel: int = Field(1, ge=1, le=64, description="Trials trained at once, each in its own process")
+
+
+class RequestConfig(Model):
+    """`mat request`: where requests go, the planner LLM and its policy, trials and the final training."""
+
+    output_dir: str = Field(".", description="Requests are written to <output_dir>/requests/<id>/")
+    planner_command: str | None = Field(
+        None, description="Command with {prompt} / {prompt_file} (or preset:claude) answering in YAML"
+    )
+    planner_timeout: int = Field(300, ge=1, le=WEEK_S, description="Seconds the planner may take")
+    policy: list[str] = Field(
+        default_factory=list, max_length=1000, description="Refusal rules the planner LLM checks"
+    )
+    trials: TrialsConfig = Field(default_factory=TrialsConfig)
+    full_steps: int = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Steps of the final training; -1 trains full_epochs"
+    )
+    full_epochs: float = Field(1, gt=0, le=MAX_EPOCHS)
+    machine_memory_gb: float | None = Field(
+        None, gt=0, le=MAX_MEMORY_GB, description="Memory of the training machine; detected if unset"
+    )
+    latency_probe_runs: int = Field(5, ge=1, le=1000, description="Generations timed by the planner")
+    measure_requests: int = Field(10, ge=1, le=10_000, description="Requests the Server agent times")
+
+    @field_validator("full_steps")
+    @classmethod
+    def _steps_or_epochs(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (train full_epochs) or at least 1")
+        return value
+
+    @model_validator(mode="after")
+    def _policy_needs_planner(self) -> RequestConfig:
+        if self.policy and not (self.planner_command or "").strip():
+            raise ValueError(
+                "policy rules are checked by the planner LLM; set request.planner_command "
+                "(a command with {prompt}, or preset:claude) or remove request.policy"
+            )
+        return self
+
+
 # --------------------------------------------------------------------------- the whole file
 
 
@@ -517,6 +668,8 @@ class Config(BaseSettings):
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     github: GithubConfig = Field(default_factory=GithubConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    models: list[ModelCandidate] = Field(default_factory=list, max_length=1000)
+    request: RequestConfig = Field(default_factory=RequestConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -532,6 +685,7 @@ class Config(BaseSettings):
     @model_validator(mode="after")
     def _unique_machine_names(self) -> Config:
         _reject_duplicates([m.name for m in self.machines], "machine")
+        _reject_duplicates([m.name for m in self.models], "model")
         return self
 
 

@@ -5,8 +5,8 @@
 
 The root file system holds busybox's applets as /bin/sh and friends, this interpreter relocated to /usr/local
 (its standard library without site-packages, tests or the static libpython), git, and every shared library
-these need (and that torch's wheels expect from the system: libstdc++, libgcc_s), found with ldd. It stands
-in for `python:3.11-slim` in `docker build --build-arg BASE_IMAGE=...`.
+these need (and what manylinux wheels expect from the system: libstdc++, librt, ...), found with ldd. It
+stands in for `python:3.11-slim` in `docker build --build-arg BASE_IMAGE=...`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ from tests.support.dockerd import busybox_rootfs
 
 SKIPPED_STDLIB = {"site-packages", "dist-packages", "test", "idlelib", "tkinter", "turtledemo", "__pycache__"}
 LDD_PATH = re.compile(r"(/\S+)")
+# What manylinux wheels (pydantic-core, torch, ...) may take from the system, besides libc and libm.
+SYSTEM_LIBRARIES = (
+    "libstdc++.so.6", "libgcc_s.so.1", "librt.so.1", "libdl.so.2", "libpthread.so.0", "libutil.so.1",
+    "libresolv.so.2", "libnss_files.so.2", "libnss_dns.so.2", "libcrypt.so.1", "libz.so.1",
+)  # fmt: skip
 
 
 def python_rootfs(target: Path, extra_binaries: Iterable[Path] = ()) -> Path:
@@ -87,8 +92,12 @@ def stdlib_filter() -> Callable[[tarfile.TarInfo], tarfile.TarInfo | None]:
 
 def native_modules() -> list[Path]:
     """The interpreter's extension modules (lib-dynload) and libpython, whose libraries the image needs."""
-    dynload = Path(sysconfig.get_paths()["platstdlib"]) / "lib-dynload"
-    modules = sorted(dynload.glob("*.so")) if dynload.is_dir() else []
+    dynload = Path(sysconfig.get_config_var("DESTSHARED") or "")  # the base interpreter's lib-dynload
+    modules = (
+        sorted(p for p in dynload.glob("*.so") if not p.name.startswith("_tkinter"))
+        if dynload.is_dir()
+        else []
+    )
     libdir = sysconfig.get_config_var("LIBDIR")
     ldlibrary = sysconfig.get_config_var("INSTSONAME") or ""
     if libdir and ldlibrary and (Path(libdir) / ldlibrary).is_file():
@@ -97,7 +106,7 @@ def native_modules() -> list[Path]:
 
 
 def shared_libraries(binaries: list[Path]) -> list[Path]:
-    """Every library `ldd` resolves for `binaries`, plus libstdc++ and libgcc_s, each name once."""
+    """Every library `ldd` resolves for `binaries`, plus SYSTEM_LIBRARIES, each name once."""
     found: dict[str, Path] = {}
     for binary in binaries:
         listing = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=False).stdout
@@ -105,7 +114,7 @@ def shared_libraries(binaries: list[Path]) -> list[Path]:
             match = LDD_PATH.search(line.split("=>")[-1])
             if match and Path(match.group(1)).is_file():
                 found.setdefault(Path(match.group(1)).name, Path(match.group(1)))
-    for name in ("libstdc++.so.6", "libgcc_s.so.1"):
+    for name in SYSTEM_LIBRARIES:
         path = next((p for p in system_library_dirs() if (p / name).is_file()), None)
         if path is not None:
             found.setdefault(name, path / name)

@@ -220,12 +220,13 @@ def run_ids(output: str) -> list[str]:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(2400)  # seven trainings, one of 10 experiments: 5-6 min idle, 20+ on a loaded 2-core box
 def test_the_quick_start_commands(prefect_api: str, stand_ins: StandIns, tmp_path: Path) -> None:
     work = quick_start_dir(stand_ins, tmp_path / "project")
     env = stand_ins.env(MAT_TRAINING__MAX_EXPERIMENTS="1")  # the file's default is 10; one keeps this short
 
     def mat(*args: str) -> subprocess.CompletedProcess[str]:
-        result = run_mat(list(args), work, env)
+        result = run_mat(list(args), work, env, timeout_s=900)
         assert result.returncode == 0, f"mat {' '.join(args)}:\n{result.stdout}{result.stderr}"
         assert (
             "Traceback" not in result.stderr and "spec-examples-secret" not in result.stdout + result.stderr

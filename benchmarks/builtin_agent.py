@@ -2,6 +2,7 @@
 
     python benchmarks/builtin_agent.py [--seeds 0 1 2 3 4] [--experiments 8] [--train-time 20]
                                        [--fixed-steps N] [--workdir DIR] [--json FILE]
+    python benchmarks/builtin_agent.py --first-moves --fixed-steps N   # which first change wins?
 
 The corpus is built from configs/quickstart.yaml (this repository's own sources) with the real
 Ingester, once per workdir. For each seed, a fresh built-in workspace runs the autoresearch loop in
@@ -14,6 +15,10 @@ counted as a crash, as the loop's timeout would.
 
 It prints one line per experiment and a summary: for how many seeds at least one change was kept,
 and the mean improvement of the best val_bpb over the baseline. The last line of stdout is JSON.
+
+With --first-moves it instead trains the baseline and then every coarse (level 0) move the agent could
+make from it, each on its own from the unmodified train.py, and prints them best first with their gain
+over the baseline: the data behind the order of the agent's first proposals (search_space.RULES).
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from multiagenttrainer.agents import AgentRequest, BuiltinSearchAgent  # noqa: E402
+from multiagenttrainer.agents.builtin import (  # noqa: E402
+    SearchMemory,
+    apply_move,
+    candidates,
+    read_context,
+)
+from multiagenttrainer.agents.hyperparameter_edits import parse_constants  # noqa: E402
 from multiagenttrainer.config import load_config  # noqa: E402
 from multiagenttrainer.history import ExperimentResult  # noqa: E402
 from multiagenttrainer.ingest import Ingester  # noqa: E402
@@ -139,6 +151,35 @@ def run_seed(
     }
 
 
+def first_moves(workspace: Path, fixed_steps: int | None, budget_s: int) -> list[dict[str, Any]]:
+    """The baseline, then every coarse first move on its own, best first, with its gain over the baseline."""
+    import random
+
+    train_py = workspace / "train.py"
+    baseline_source = train_py.read_text()
+    constants = parse_constants(baseline_source)
+    ranked = candidates(constants, read_context(workspace), SearchMemory(), random.Random(0))
+    moves = [c.move for c in ranked if c.level == 0]
+    timeout_s = RUN_TIMEOUT_FACTOR * budget_s + 60
+    rows = []
+    for move in [None, *moves]:
+        source, description = (baseline_source, "baseline")
+        if move is not None:
+            source, description = apply_move(baseline_source, constants, move)
+        train_py.write_text(source)
+        started = time.perf_counter()
+        summary = train(workspace, fixed_steps, timeout_s)
+        seconds = time.perf_counter() - started
+        val = summary["val_bpb"] if summary else None
+        print(f"  {description:32s} {val if val is not None else 'crash'!s:>10} ({seconds:5.1f} s)", flush=True)
+        rows.append({"description": description, "val_bpb": val, "seconds": seconds})
+    train_py.write_text(baseline_source)
+    baseline = rows[0]["val_bpb"]
+    for row in rows:
+        row["gain"] = baseline - row["val_bpb"] if baseline is not None and row["val_bpb"] is not None else None
+    return sorted(rows[1:], key=lambda r: -(r["gain"] if r["gain"] is not None else -9.0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -147,9 +188,21 @@ def main() -> None:
     parser.add_argument("--fixed-steps", type=int, default=None, help="train exactly N steps instead")
     parser.add_argument("--workdir", type=Path, default=ROOT / "benchmarks" / ".work" / "builtin_agent")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--first-moves", action="store_true", help="rank every first move on its own")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     corpus = build_quickstart_corpus(args.workdir)
+    if args.first_moves:
+        workspace = make_workspace(args.workdir, corpus, 0, args.train_time)
+        ranked = first_moves(workspace, args.fixed_steps, args.train_time)
+        print("first moves, best first (gain = baseline val_bpb - val_bpb):")
+        for row in ranked:
+            gain = f"{row['gain']:+.6f}" if row["gain"] is not None else "crash"
+            print(f"  {gain:>10}  {row['seconds']:5.1f} s  {row['description']}")
+        if args.json:
+            args.json.write_text(json.dumps(ranked, indent=2))
+        print(json.dumps({"fixed_steps": args.fixed_steps, "moves": ranked}))
+        return
     mode = (
         f"{args.fixed_steps} fixed steps" if args.fixed_steps is not None else f"{args.train_time} s budget"
     )

@@ -8,8 +8,10 @@ every flow run's logs, where the UI and `mat ingest|train --deployment` read the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
 from pathlib import Path
+
+import prefect
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.progress import PROGRESS_LOGGER
@@ -26,27 +28,19 @@ def loaded_config(config: Config | str | Path | None) -> tuple[Config, str | Non
 
 
 class _DropPrefectRecords(logging.Filter):
+    """Drops records of Prefect's loggers, and of loggers Prefect's own code names otherwise
+    (its background services log as `EventsWorker`, `APILogWorker`, ...)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        name = record.name
-        mat_warning = name.startswith("multiagenttrainer") and record.levelno == logging.WARNING
-        return not (name.startswith("prefect") or name.startswith(PROGRESS_LOGGER) or mat_warning)
+        return not (record.name.startswith("prefect") or record.pathname.startswith(_PREFECT_DIR))
 
 
-class _WarningLines(logging.Handler):
-    """mat's warnings (an ingest waiting for another one, sources left out) as the CLI's own lines."""
-
-    def __init__(self, show: Callable[[str], None]) -> None:
-        super().__init__(logging.WARNING)
-        self.show = show
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno == logging.WARNING:
-            self.show(record.getMessage())
+_PREFECT_DIR = str(Path(prefect.__file__).parent) + os.sep
 
 
-def quiet_console_logging(show_warning: Callable[[str], None] | None = None) -> None:
-    """Keep Prefect's run logs and mat's progress records off the terminal (they still reach the API
-    and the UI); mat's warnings go to `show_warning` instead of Prefect's console format.
+def quiet_console_logging() -> None:
+    """Keep Prefect's run logs off the terminal (they still reach the API and the UI); mat's own records
+    are the CLI's lines (multiagenttrainer/cli/common.configure_console_logging).
 
     The CLI renders progress and failures itself; Prefect's own console lines (task states,
     flow tracebacks for failures the CLI already explains) would only repeat them.
@@ -54,6 +48,4 @@ def quiet_console_logging(show_warning: Callable[[str], None] | None = None) -> 
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _DropPrefectRecords) for f in handler.filters):
             handler.addFilter(_DropPrefectRecords())
-    library = logging.getLogger("multiagenttrainer")
-    if show_warning is not None and not any(isinstance(h, _WarningLines) for h in library.handlers):
-        library.addHandler(_WarningLines(show_warning))
+

@@ -11,6 +11,7 @@
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
     ├── DiskFullError             a disk filled up; free space and run the command again -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
+    │   ├── TargetFailed          one target's job ended `failed` (carries its record)
     │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
     ├── ServeError                a model could not be loaded or served          -> exit code 1
     ├── RequestRefused            `mat request` refused a request, with reasons   -> exit code 3
@@ -97,6 +98,17 @@ class ExperimentError(MatError):
 
 class BackendError(MatError):
     """A fine-tuning backend failed or refused a request."""
+
+
+class TargetFailed(BackendError):
+    """One fine-tuning target's job ended `failed`; `record` is that job's record (JSON form)."""
+
+    def __init__(self, message: str, record: dict[str, Any]) -> None:
+        self.record = record
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[type[TargetFailed], tuple[str, dict[str, Any]]]:
+        return (type(self), (str(self), self.record))
 
 
 class TargetsFailed(BackendError):

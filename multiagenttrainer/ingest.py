@@ -246,7 +246,7 @@ class FetchReport:
 
     def failed(self, name: str, error: BaseException) -> None:
         message = failure_message(error)
-        log.error("source %r: %s", name, message)
+        log.info("source %r: %s", name, message)  # reported by the caller (result.failures, `failed:` lines)
         self.errors.append(error if isinstance(error, SourceError) else SourceError(name, message))
         self.rows[name].update(status="failed", error=message)
         self.progress.source_finished(name, message, cached=False)

@@ -1,8 +1,9 @@
 """What `mat status` and `mat watch` show: every run under an output directory, read from its run.json.
 
 Runs are read, never written, so this works for runs owned by other processes (several
-`mat train --name X &` at once). The frame of `mat watch` and the rows of `mat status` are pure
-functions of the run states and the current time; only `watch_runs` loops and sleeps.
+`mat train --name X &` at once). `mat watch` also lists the runs that `mat train` is still starting
+(experiments/starting.py) and waits for them. The frame of `mat watch` and the rows of `mat status` are
+pure functions of the run states and the current time; only `watch_runs` loops and sleeps.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from rich.table import Table
 from rich.text import Text
 
 from multiagenttrainer.experiments.run_state import RunState, list_runs
+from multiagenttrainer.experiments.starting import StartingRun, starting_runs
 from multiagenttrainer.report import machine_summaries
 
 STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "interrupted": "yellow"}
 BAR_WIDTH = 24
-WAIT_FOR_RUNS_S = 10.0  # how long `mat watch` waits for a first run to appear before giving up
+# How long `mat watch` waits for a run to be running or starting before it gives up: `mat train` marks
+# its run as starting a few seconds after it is typed (Python's start-up on a busy machine).
+WAIT_FOR_RUNS_S = 30.0
 DASH = "—"
 
 
@@ -87,35 +91,80 @@ def run_rows(output_dir: Path) -> list[dict[str, Any]]:
     return [status_row(state, now) for _, state in list_runs(Path(output_dir))]
 
 
+STATUS_COLUMNS = ("id", "name", "status", "experiments", "baseline", "best", "started", "duration")
+# On a terminal too narrow for every column, these give way in this order (the id ends with the name).
+GIVEN_UP_FIRST = ("started", "baseline", "duration", "experiments", "name", "best")
+CELL_PADDING = 2  # a column's share of the table's padding (one space either side)
+
+
+def status_cells(row: dict[str, Any]) -> dict[str, Text]:
+    """One `mat status` row as text cells, by column."""
+    return {
+        "id": Text(row["id"]),
+        "name": Text(row["name"]),
+        "status": Text(row["status"], style=STATUS_STYLES.get(row["status"], "")),
+        "experiments": Text(f"{row['experiments_done']}/{row['max_experiments']}"),
+        "baseline": Text(_bpb(row["baseline_val_bpb"])),
+        "best": Text(_bpb(row["best_val_bpb"])),
+        "started": Text(_local_time(row["started_at"])),
+        "duration": Text(format_elapsed(row["duration_s"])),
+    }
+
+
+def natural_widths(cells: list[dict[str, Text]]) -> dict[str, int]:
+    """Each column's width when nothing is cut: its longest cell or its header, plus padding."""
+    return {
+        column: max([len(column), *(cell[column].cell_len for cell in cells)]) + CELL_PADDING
+        for column in STATUS_COLUMNS
+    }
+
+
+def fitting_columns(widths: dict[str, int], width: int) -> list[str]:
+    """The columns that fit in `width`, least useful given up first; id and status always stay."""
+    columns = list(STATUS_COLUMNS)
+    for column in GIVEN_UP_FIRST:
+        if sum(widths[c] for c in columns) <= width:
+            break
+        columns.remove(column)
+    return columns
+
+
 def render_status_table(console: Console, rows: list[dict[str, Any]]) -> None:
-    """Print the `mat status` table (or a one-line note when there are no runs)."""
+    """Print the `mat status` table (or a one-line note when there are no runs).
+
+    Run ids are never cut (`mat train --resume` needs them whole): on a narrow terminal the least useful
+    columns give way (and the table is as wide as an id when even that does not fit); piped output gets
+    every column at full width.
+    """
     if not rows:
         console.print("No training runs yet; start one with `mat train`.")
         return
-    table = Table(
-        "id",
-        "name",
-        "status",
-        "experiments",
-        "baseline",
-        "best",
-        "started",
-        "duration",
-        box=None,
-        header_style="bold",
+    cells = [status_cells(row) for row in rows]
+    widths = natural_widths(cells)
+    columns = fitting_columns(widths, console.width) if console.is_terminal else list(STATUS_COLUMNS)
+    table = Table(box=None, header_style="bold")
+    for column in columns:
+        if column == "id":
+            table.add_column(column, no_wrap=True, min_width=widths["id"] - CELL_PADDING)
+        else:
+            table.add_column(column, overflow="fold")
+    for cell in cells:
+        table.add_row(*(cell[column] for column in columns))
+    full_width = sum(widths[column] for column in columns)
+    width = max(console.width, widths["id"]) if console.is_terminal else full_width
+    (console if width <= console.width else console_of_width(console, width)).print(table)
+
+
+def console_of_width(console: Console, width: int) -> Console:
+    """A console that writes where `console` does, as it does, but `width` columns wide."""
+    return Console(
+        file=console.file,
+        width=width,
+        force_terminal=console.is_terminal,
+        color_system=console.color_system,  # type: ignore[arg-type]  # the same names rich accepts
+        no_color=console.no_color,
+        highlight=False,
     )
-    for row in rows:
-        table.add_row(
-            row["id"],
-            row["name"],
-            Text(row["status"], style=STATUS_STYLES.get(row["status"], "")),
-            f"{row['experiments_done']}/{row['max_experiments']}",
-            _bpb(row["baseline_val_bpb"]),
-            _bpb(row["best_val_bpb"]),
-            _local_time(row["started_at"]),
-            format_elapsed(row["duration_s"]),
-        )
-    console.print(table)
 
 
 def _bpb(value: float | None) -> str:
@@ -168,13 +217,27 @@ def progress_cell(state: RunState) -> Table:
     return cell
 
 
+def starting_lines(starting: Sequence[StartingRun], now: datetime) -> Text:
+    """`starting: small (pid 123, 12 s)`, one line per run that `mat train` is still starting."""
+    lines = []
+    for run in starting:
+        age = run.age_s(now)
+        waited = f", {age:.0f} s" if age is not None else ""
+        lines.append(f"starting: {run.name} (pid {run.pid}{waited})")
+    return Text("\n".join(lines), style="cyan")
+
+
 def render_watch_frame(
-    states: Sequence[RunState], now: datetime, output_dir: str | Path | None = None
+    states: Sequence[RunState],
+    now: datetime,
+    output_dir: str | Path | None = None,
+    starting: Sequence[StartingRun] = (),
 ) -> RenderableType:
-    """One frame of `mat watch` for these runs at time `now`."""
+    """One frame of `mat watch` for these runs (and those still starting) at time `now`."""
     where = f" under {output_dir}" if output_dir is not None else ""
     if not states:
-        return Text(f"No training runs{where} yet.")
+        empty = Text(f"No training runs{where} yet.")
+        return Group(empty, starting_lines(starting, now)) if starting else empty
     statuses = [state.effective_status() for state in states]
     running = statuses.count("running")
     table = Table(
@@ -198,7 +261,7 @@ def render_watch_frame(
     local_now = now.astimezone().strftime("%H:%M:%S")
     runs = f"{len(states)} run" + ("" if len(states) == 1 else "s")
     title = Text(f"{runs}{where}, {running} running, at {local_now}", style="dim")
-    return Group(title, table)
+    return Group(title, table, starting_lines(starting, now)) if starting else Group(title, table)
 
 
 def all_done(states: Sequence[RunState]) -> bool:
@@ -211,6 +274,12 @@ def load_states(output_dir: Path) -> list[RunState]:
     return [state for _, state in list_runs(output_dir)]
 
 
+def still_starting(output_dir: Path, states: Sequence[RunState], now: datetime) -> list[StartingRun]:
+    """Runs being started whose process has not written a run.json yet (one that has is listed as a run)."""
+    owners = {(state.host, state.pid) for state in states}
+    return [run for run in starting_runs(output_dir, now) if (run.host, run.pid) not in owners]
+
+
 def watch_runs(
     console: Console,
     output_dir: Path,
@@ -219,26 +288,49 @@ def watch_runs(
     stop_when_done: bool = True,
     wait_for_runs_s: float = WAIT_FOR_RUNS_S,
 ) -> None:
-    """Show every run under `output_dir`, refreshed every `refresh_s`, until none is running.
+    """Show every run under `output_dir`, refreshed every `refresh_s`, until none is running or starting.
 
-    `once` prints a single plain frame. Without runs, waits `wait_for_runs_s` for one to appear.
+    `once` prints a single plain frame. Runs that `mat train` is starting count as running; when there
+    is none of either, it waits `wait_for_runs_s` for one before it gives up, saying so.
     """
     output_dir = Path(output_dir)
-    if once:
-        console.print(render_watch_frame(load_states(output_dir), datetime.now(UTC), output_dir))
-        return
-    started = time.monotonic()
+    now = datetime.now(UTC)
     states = load_states(output_dir)
-    with Live(
-        render_watch_frame(states, datetime.now(UTC), output_dir),
-        console=console,
-        auto_refresh=False,
-        transient=False,
-    ) as live:
+    if once:
+        console.print(render_watch_frame(states, now, output_dir, still_starting(output_dir, states, now)))
+        return
+    started, seen_activity = time.monotonic(), False
+    with Live(console=console, auto_refresh=False, transient=False) as live:
         while True:
+            now = datetime.now(UTC)
             states = load_states(output_dir)
-            live.update(render_watch_frame(states, datetime.now(UTC), output_dir), refresh=True)
-            waited_out = not states and time.monotonic() - started >= wait_for_runs_s
-            if stop_when_done and (waited_out or (states and all_done(states))):
-                return
+            starting = still_starting(output_dir, states, now)
+            active = bool(starting) or not all_done(states)
+            seen_activity = seen_activity or active
+            waited_s = time.monotonic() - started
+            view = watch_view(states, now, output_dir, starting, waited_s, wait_for_runs_s)
+            live.update(view, refresh=True)
+            if stop_when_done and not active and (seen_activity or waited_s >= wait_for_runs_s):
+                break
             time.sleep(refresh_s)
+    if not seen_activity:
+        console.print(
+            f"Nothing is running or starting under {output_dir} (waited {wait_for_runs_s:g} s); "
+            "start a run with `mat train --name NAME &`, then `mat watch`."
+        )
+
+
+def watch_view(
+    states: Sequence[RunState],
+    now: datetime,
+    output_dir: Path,
+    starting: Sequence[StartingRun],
+    waited_s: float,
+    wait_for_runs_s: float,
+) -> RenderableType:
+    """The frame, with a line saying what watch is waiting for while nothing runs or starts yet."""
+    frame = render_watch_frame(states, now, output_dir, starting)
+    if starting or not all_done(states):
+        return frame
+    note = f"waiting for a run to start ({waited_s:.0f} of {wait_for_runs_s:.0f} s)"
+    return Group(frame, Text(note, style="dim"))

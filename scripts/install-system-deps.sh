@@ -2,8 +2,8 @@
 # Debian packages the project needs: git (with http-backend) for the local git servers the tests
 # start, a C compiler with OpenSSL's headers for the native corpus accelerators, and for the execution
 # tests: openssh-server (sshd), iproute2 (network namespaces), docker.io (dockerd) and busybox-static
-# (the tiny base image the tests import), docker-compose (to validate docker-compose.yml). Only what is
-# missing is installed; nothing is started.
+# (the tiny base image the tests import), and docker-compose (the check of docker-compose.yml). Only what
+# is missing is installed; nothing is started.
 set -euo pipefail
 need=()
 command -v git >/dev/null 2>&1 || need+=(git)

@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from multiagenttrainer.errors import BackendError
+from multiagenttrainer.errors import TargetFailed
 from multiagenttrainer.finetune.base import JobRecord, JobStore
 from multiagenttrainer.finetune.runner import PlannedJob, run_planned
 
@@ -27,6 +27,8 @@ def target_task_name(parameters: dict[str, object]) -> str:
 def run_target(job: PlannedJob, corpus: Path, name: str, store: JobStore) -> JobRecord:
     """Run one target (a local child process, or a Bedrock submission); fail when its job failed."""
     record = run_planned(job, corpus, name, store)
-    if record.status == "failed":
-        raise BackendError(f"target {job.target.name!r} (job {record.id}) failed: {record.error}")
+    if record.status == "failed":  # the record travels with the failure: a remote job's id is its backend's
+        raise TargetFailed(
+            f"target {job.target.name!r} (job {record.id}) failed: {record.error}", record.to_dict()
+        )
     return record

@@ -8,9 +8,11 @@ back into moves, so a resumed run (or a run another agent contributed to) contin
 How the next move is chosen, in order of preference:
     1. keep going: the last experiment improved by moving X one way, so move X further that way
     2. turn around: the last experiment moved X one way and was discarded, so try the other way
+       (not after one of the measured first moves of 4., whose other direction did worse)
     3. the constants whose moves gained most in the past, in the direction that gained
-    4. constants not tried yet, in tier order, tie-broken (and given a first direction) by the seed
-    5. anything else not yet tried from the current best train.py
+    4. the first moves measured most likely to help (search_space.FIRST_MOVES), in their order
+    5. constants not tried yet, in tier order, tie-broken (and given a first direction) by the seed
+    6. anything else not yet tried from the current best train.py
 Coarse steps come before finer ones; a move already tried from the current best (or that crashed,
 or that would undo a kept change) is never proposed again.
 """
@@ -35,7 +37,13 @@ from multiagenttrainer.agents.hyperparameter_edits import (
     parse_value_text,
     replace_literal,
 )
-from multiagenttrainer.agents.search_space import Assignment, RuleEntry, rule_for, violated_constraints
+from multiagenttrainer.agents.search_space import (
+    FIRST_MOVES,
+    Assignment,
+    RuleEntry,
+    rule_for,
+    violated_constraints,
+)
 from multiagenttrainer.history import ExperimentResult
 
 log = logging.getLogger(__name__)
@@ -205,16 +213,26 @@ def preference(
     momentum, turned = memory.momentum, memory.turned_down
     if momentum is not None and momentum.coordinate == coordinate and momentum.direction == direction:
         return 0, 0.0, f"the last change to {coordinate.label} in this direction improved val_bpb"
-    if turned is not None and turned.coordinate == coordinate and turned.direction == -direction:
+    turn_around = turned is not None and turned.coordinate == coordinate and turned.direction == -direction
+    if turn_around and turned is not None and not is_first_move(turned):  # a first move's other way did worse
         return 1, 0.0, f"the other direction for {coordinate.label} did not improve val_bpb"
     gain = memory.gains.get((coordinate, direction), 0.0)
     if gain > 0:
         return 2, -gain, f"moving {coordinate.label} this way gained {gain:.6f} before"
     touched = any(c == coordinate for c, _ in memory.tried_ever)
+    prior = FIRST_MOVES.get(coordinate.label)
+    if not touched and prior is not None and prior[1] == direction:
+        return 3, float(prior[0]), f"{coordinate.label} this way is among the first moves most likely to help"
     if not touched:
-        group = 3 if direction == draws[coordinate].first_direction else 4
+        group = 4 if direction == draws[coordinate].first_direction else 5
         return group, 0.0, f"{coordinate.label} has not been tried yet"
-    return 5, 0.0, f"{coordinate.label} not yet tried this way from the current best"
+    return 6, 0.0, f"{coordinate.label} not yet tried this way from the current best"
+
+
+def is_first_move(move: Move) -> bool:
+    """Whether `move` is one of FIRST_MOVES, in its direction."""
+    prior = FIRST_MOVES.get(move.coordinate.label)
+    return prior is not None and prior[1] == move.direction
 
 
 def candidates(

@@ -37,7 +37,7 @@ from multiagenttrainer.cli.request import request_app
 from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
 from multiagenttrainer.cli.worker import worker_app
-from multiagenttrainer.config import load_config
+from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import MatError
 
 app = typer.Typer(
@@ -245,7 +245,9 @@ def train_command(
     ] = False,
 ) -> None:
     """Ingest, set up a workspace and run training experiments; writes results.tsv and report.md."""
-    from multiagenttrainer.render import TrainReporter
+    from multiagenttrainer.config import expand_path
+    from multiagenttrainer.experiments.starting import starting_marker
+    from multiagenttrainer.training import default_run_name
 
     try:
         cfg = load_with_repos(config, repo)  # fail fast on config errors, before Prefect starts
@@ -267,6 +269,24 @@ def train_command(
             "via_deployments": via_deployments,
         }
         train_on_deployment(parameters)
+    runs = expand_path(str(output_dir or cfg.training.output_dir))
+    with starting_marker(runs, resume or default_run_name(name, config)):  # `mat watch` sees it from now on
+        run_train_command(cfg, config, name, max_experiments, output_dir, resume, corpus_dir, via_deployments)
+
+
+def run_train_command(
+    cfg: Config,
+    config: Path | None,
+    name: str | None,
+    max_experiments: int | None,
+    output_dir: Path | None,
+    resume: str | None,
+    corpus_dir: Path | None,
+    via_deployments: bool,
+) -> None:
+    """`mat train` once its config is loaded and checked: start Prefect, run, print where things are."""
+    from multiagenttrainer.render import TrainReporter
+
     if via_deployments:
         require_server(NO_WORKER, "run `mat deploy` and `mat worker start`")
     prepare_prefect()
@@ -424,8 +444,10 @@ def project_dir() -> Path:
 
 def main() -> None:
     """Console-script entry point."""
+    from multiagenttrainer.cli.common import configure_console_logging
     from multiagenttrainer.errors import disk_full_error, is_disk_full
 
+    configure_console_logging()
     try:
         app()
     except KeyboardInterrupt:

@@ -1,8 +1,9 @@
 """What every `mat` command shares: the consoles, the common options, error exits, config loading,
-and preparing Prefect before a flow module is imported."""
+what log records reach the terminal, and preparing Prefect before a flow module is imported."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -44,6 +45,45 @@ def warn(line: str, label: str = "warning", style: str = "yellow") -> None:
     err.print(f"[{style}]{label}:[/{style}] {escape(line)}", markup=True, highlight=False)
 
 
+class _MatLines(logging.Handler):
+    """mat's own log records (`multiagenttrainer.*`, WARNING and up) as the CLI's own `warning:` lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        label, style = ("error", "red") if record.levelno >= logging.ERROR else ("warning", "yellow")
+        try:
+            warn(record.getMessage(), label, style)
+        except Exception:  # a record that cannot be formatted must not break the command
+            self.handleError(record)
+
+
+class _NoForeignRecords(logging.Filter):
+    """Drops records of other libraries (urllib3, PyGithub, botocore, ...) from a terminal handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.startswith("prefect")  # Prefect's own are left to quiet_console_logging
+
+
+def configure_console_logging() -> None:
+    """What log records reach the terminal: mat's own as `warning:`/`error:` lines; other libraries' none.
+
+    mat turns third-party failures into its own errors at each adapter, so their log lines (urllib3's
+    retries, PyGithub's, botocore's) would only be noise before mat's own message. Records still reach
+    Prefect's run logs where it collects them. PREFECT_LOGGING_LEVEL=DEBUG or INFO leaves everything on.
+    """
+    if verbose_logging():
+        return
+    mat_logger = logging.getLogger("multiagenttrainer")
+    if not any(isinstance(handler, _MatLines) for handler in mat_logger.handlers):
+        mat_logger.addHandler(_MatLines(logging.WARNING))
+    mat_logger.propagate = False
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())  # else Python's last-resort handler prints their warnings
+    for handler in root.handlers:
+        if not any(isinstance(f, _NoForeignRecords) for f in handler.filters):
+            handler.addFilter(_NoForeignRecords())
+
+
 def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
     """The config file plus any `--repo` arguments as extra sources."""
     from multiagenttrainer.sources.registry import repo_argument_to_source
@@ -69,7 +109,8 @@ def prepare_prefect() -> None:
     if not verbose_logging():
         from flows import quiet_console_logging
 
-        quiet_console_logging(show_warning=warn)
+        quiet_console_logging()
+    configure_console_logging()  # again: Prefect's logging set-up replaced the root handlers
 
 
 def require_server(why: str, then: str) -> str:

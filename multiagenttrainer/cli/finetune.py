@@ -65,9 +65,10 @@ def finetune_start(
 def print_job_lines(records: list[Any]) -> None:
     """One line per job: target, status, and the adapter folder or the Bedrock ARN."""
     for record in records:
-        where = record.external_id or record.output_path or ""
-        detail = f" ({record.error})" if record.error else ""
-        out.print(f"{record.target}: job {record.id} {record.status} {where}{detail}".rstrip(), markup=False)
+        where = record.external_id or record.output_path
+        detail = f"({record.error})" if record.error else None
+        words = [f"{record.target}: job {record.id} {record.status}", where, detail]
+        out.print(" ".join(word for word in words if word), markup=False)
 
 
 @finetune_app.command("list")
@@ -115,15 +116,28 @@ def finetune_cancel(
     job_id: Annotated[str, typer.Argument(help="Job id (or Bedrock job ARN) from `mat finetune list`.")],
     config: ConfigOption = None,
 ) -> None:
-    """Cancel a job: a local one stops at its next step (keeping a checkpoint), a Bedrock one is stopped."""
+    """Cancel a job: a local one stops at its next step (keeping a checkpoint), a Bedrock one is stopped.
+
+    A job that has already ended is left alone, and the exit code is still 0: the job is not running,
+    which is what cancelling asks for (as `docker stop` of a stopped container).
+    """
     from multiagenttrainer.finetune.runner import cancel as cancel_job
 
     try:
-        record = cancel_job(load_config(config), job_id)
+        outcome = cancel_job(load_config(config), job_id)
     except MatError as exc:
         fail(exc)
-    state = "cancelled" if record.status == "cancelled" else f"{record.status}; stopping at its next step"
-    out.print(f"job {record.id}: {state}", markup=False)
+    out.print(cancel_line(outcome.record, outcome.already_ended), markup=False)
+
+
+def cancel_line(record: Any, already_ended: bool) -> str:
+    """What `mat finetune cancel` says about the job afterwards."""
+    if already_ended:
+        when = f" at {record.finished_at}" if record.finished_at else ""
+        return f"job {record.id} already ended ({record.status}{when}); nothing to cancel"
+    if record.status == "cancelled":
+        return f"job {record.id}: cancelled"
+    return f"job {record.id}: {record.status}; stopping at its next step"
 
 
 @finetune_app.command("export")

@@ -15,11 +15,28 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ErrorType
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from multiagenttrainer.config.backends import (
+    BACKEND_SECTIONS,
+    load_plugins,
+    register_backend_section,
+    registered_backends,
+    unknown_backend_message,
+)
 from multiagenttrainer.config.problems import (
     ENV_DELIMITER,
     ENV_PREFIX,
@@ -262,6 +279,22 @@ class AutoresearchConfig(Model):
     branch: str = "master"
     train_time: int = Field(300, ge=1, le=WEEK_S, description="Training time budget per experiment, seconds")
     program_md: str | None = Field(None, description="Path to a program.md that replaces the default")
+    fixed_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description="Built-in template only: train exactly this many steps instead of train_time seconds, so "
+        "results do not depend on the machine's speed or load (train_time then only bounds a run's length)",
+    )
+
+    @model_validator(mode="after")
+    def _fixed_steps_need_the_template(self) -> AutoresearchConfig:
+        if self.fixed_steps is not None and self.repo:
+            raise ValueError(
+                "fixed_steps works with the built-in template only (real autoresearch trains for its "
+                "TIME_BUDGET); remove fixed_steps or autoresearch.repo"
+            )
+        return self
 
 
 class TrainingConfig(Model):
@@ -354,13 +387,26 @@ class BedrockConfig(Model):
     learning_rate: float = Field(1e-5, gt=0, le=1, json_schema_extra=set_by_targets("learning_rate"))
 
 
+register_backend_section("opensource", OpenSourceConfig)
+register_backend_section("bedrock", BedrockConfig)
+BUILTIN_SECTIONS = frozenset(BACKEND_SECTIONS)
+STANDARD_ERROR_TYPES = frozenset(get_args(ErrorType))
+
+
+def registered_backend(value: str | None) -> str | None:
+    """A backend name that is registered (built in, or by a plugin); ValueError listing them otherwise."""
+    if value is not None and value not in BACKEND_SECTIONS:
+        raise ValueError(unknown_backend_message(value))
+    return value
+
+
 class FineTuneTarget(Model):
     name: str
     model_id: str | None = None
     machine: str | None = Field(
         None, description="Name of a machines entry; an ssh or docker machine trains the target there"
     )
-    backend: Literal["opensource", "bedrock"] | None = None
+    backend: str | None = Field(None, description="A registered backend; finetuner.backend if unset")
     num_epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS)
     batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
     lora_r: int | None = Field(None, ge=1, le=MAX_LORA_R)
@@ -371,18 +417,110 @@ class FineTuneTarget(Model):
     customization_type: Literal["CONTINUED_PRE_TRAINING", "FINE_TUNING"] | None = None
     epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
 
+    _registered_backend = field_validator("backend")(registered_backend)
+
 
 class FinetunerConfig(Model):
-    backend: Literal["opensource", "bedrock"] = "opensource"
+    """`finetuner:`: the backend, the jobs directory, a section per backend, and the targets.
+
+    The sections of the built-in backends are fields; a plugin backend's `finetuner.<name>:` section is
+    validated with the model it registered (config/backends.py) and read with `section(name)`.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_default=True, allow_inf_nan=False)
+
+    backend: str = Field("opensource", description="A registered backend: opensource, bedrock or a plugin's")
     jobs_dir: str = "./finetune-jobs"
     opensource: OpenSourceConfig = Field(default_factory=OpenSourceConfig)
     bedrock: BedrockConfig = Field(default_factory=BedrockConfig)
     targets: list[FineTuneTarget] = Field(default_factory=list)
 
+    _registered_backend = field_validator("backend")(registered_backend)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _plugin_sections(
+        cls, data: Any, handler: ModelWrapValidatorHandler[FinetunerConfig]
+    ) -> FinetunerConfig:
+        """Validate the fields, then each plugin backend's section with its model; every problem at once."""
+        if not isinstance(data, dict):
+            return handler(data)
+        extra = {key: value for key, value in data.items() if key not in cls.model_fields}
+        problems: list[InitErrorDetails] = []
+        try:
+            validated: FinetunerConfig | None = handler({k: v for k, v in data.items() if k not in extra})
+        except ValidationError as exc:
+            validated, problems = None, [_details(e) for e in exc.errors()]
+        sections, section_problems = plugin_sections(extra, backends_in_use(data))
+        if problems or section_problems:
+            raise ValidationError.from_exception_data(cls.__name__, [*problems, *section_problems])
+        assert validated is not None
+        validated.__pydantic_extra__ = sections
+        return validated
+
     @model_validator(mode="after")
     def _unique_target_names(self) -> FinetunerConfig:
         _reject_duplicates([t.name for t in self.targets], "target")
         return self
+
+    def section(self, backend: str) -> BaseModel:
+        """The `finetuner.<backend>:` settings (the model's defaults when the file has no such section)."""
+        if backend not in BACKEND_SECTIONS:
+            raise ConfigError(f"finetuner.backend: {unknown_backend_message(backend)}")
+        value = getattr(self, backend, None) if backend in type(self).model_fields else None
+        value = value if value is not None else (self.model_extra or {}).get(backend)
+        if isinstance(value, BaseModel):
+            return value
+        try:
+            return BACKEND_SECTIONS[backend].model_validate({})
+        except ValidationError as exc:
+            raise ConfigError([f"finetuner.{backend}: {e['msg']}" for e in exc.errors()]) from None
+
+
+def backends_in_use(data: dict[str, Any]) -> set[str]:
+    """The backends a finetuner section names: its `backend` and every target's."""
+    targets = data.get("targets")
+    named = [t.get("backend") for t in targets if isinstance(t, dict)] if isinstance(targets, list) else []
+    return {name for name in [data.get("backend"), *named] if isinstance(name, str)}
+
+
+def plugin_sections(
+    extra: dict[str, Any], in_use: set[str]
+) -> tuple[dict[str, BaseModel], list[InitErrorDetails]]:
+    """Each plugin backend's section validated with its model (defaults for a backend in use without one)."""
+    sections: dict[str, BaseModel] = {}
+    problems: list[InitErrorDetails] = []
+    plugins_in_use = {name for name in in_use if name in BACKEND_SECTIONS and name not in BUILTIN_SECTIONS}
+    wanted: dict[str, Any] = {**dict.fromkeys(plugins_in_use, {}), **extra}
+    for name, value in wanted.items():
+        if name not in BACKEND_SECTIONS:
+            problems.append(_unknown_section(name, value))
+            continue
+        try:
+            sections[name] = BACKEND_SECTIONS[name].model_validate(value)
+        except ValidationError as exc:
+            problems += [_details(e, prefix=(name,)) for e in exc.errors()]
+    return {name: sections[name] for name in extra if name in sections}, problems
+
+
+def _unknown_section(name: str, value: Any) -> InitErrorDetails:
+    message = (
+        f"neither a finetuner field nor a registered backend's section; fields: backend, jobs_dir, "
+        f"targets; backends: {', '.join(registered_backends())}"
+    )
+    return {"type": PydanticCustomError("unknown_section", message), "loc": (name,), "input": value}
+
+
+def _details(error: Any, prefix: tuple[str | int, ...] = ()) -> InitErrorDetails:
+    """A pydantic error as the details ValidationError.from_exception_data rebuilds it from."""
+    loc = (*prefix, *error["loc"])
+    if error["type"] not in STANDARD_ERROR_TYPES:  # a plugin model's own error: keep its message
+        custom = PydanticCustomError(error["type"], "{message}", {"message": error["msg"]})
+        return {"type": custom, "loc": loc, "input": error["input"]}
+    details: InitErrorDetails = {"type": error["type"], "loc": loc, "input": error["input"]}
+    if "ctx" in error:
+        details["ctx"] = error["ctx"]
+    return details
 
 
 # --------------------------------------------------------------------------- corpus and github
@@ -607,6 +745,7 @@ def load_config_stream(stream: BinaryIO, filename: str = "<stdin>") -> Config:
 
 
 def _validate(data: dict[str, Any], lines: dict[tuple[Any, ...], int], filename: str) -> Config:
+    load_plugins()  # a plugin's backend and its `finetuner.<name>:` section are known before validation
     overrides = environment_overrides(Config)  # a malformed MAT_* variable stops here, named
     try:
         return Config(**data)

@@ -14,6 +14,7 @@ from multiagenttrainer.finetune.registry import (
     ResolvedTarget,
     backend_class,
     make_finetuner,
+    register_backend,
     resolve_targets,
     select_target,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "ResolvedTarget",
     "backend_class",
     "make_finetuner",
+    "register_backend",
     "resolve_targets",
     "select_target",
 ]

@@ -1,8 +1,12 @@
 """The fine-tuning registry: backend name -> FineTuner class, and `finetuner.targets` resolution.
 
-Backends are imported on first use so that `mat finetune list` does not pay for torch or boto3.
-A target starts from its backend's section (`finetuner.opensource` or `finetuner.bedrock`) and
-overrides only the fields it declares.
+The built-in backends are imported on first use so that `mat finetune list` does not pay for torch or
+boto3. A plugin adds a backend with one call, with no edit to mat's own code (README, "Adding a backend"):
+
+    register_backend("mycloud", MyCloudFineTuner, MyCloudConfig)   # in a module named by MAT_PLUGINS,
+                                                                   # or loaded by an entry point
+A target starts from its backend's section (`finetuner.opensource`, `finetuner.bedrock`,
+`finetuner.<plugin>`) and overrides only the fields that section's model lets targets set.
 """
 
 from __future__ import annotations
@@ -11,15 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from multiagenttrainer.config import (
-    BedrockConfig,
-    FinetunerConfig,
-    FineTuneTarget,
-    OpenSourceConfig,
-    target_field_map,
-)
+from multiagenttrainer.config import FinetunerConfig, FineTuneTarget, target_field_map
+from multiagenttrainer.config.backends import load_plugins, register_backend_section, unknown_backend_message
 from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.finetune.base import DEFAULT_TARGET, FineTuner, JobStore
 
@@ -38,6 +37,19 @@ def _bedrock() -> type[FineTuner]:
 
 BACKENDS: dict[str, Callable[[], type[FineTuner]]] = {"opensource": _opensource, "bedrock": _bedrock}
 
+
+def register_backend(name: str, finetuner: type[FineTuner], config_model: type[BaseModel]) -> None:
+    """Make a backend available: `finetuner.backend: <name>`, its `finetuner.<name>:` section, targets.
+
+    `finetuner` is constructed as `finetuner(section, store, target_name)`, with the section validated
+    by `config_model` (whose fields that targets may set say so with `set_by_targets(...)`).
+    """
+    if not (isinstance(finetuner, type) and issubclass(finetuner, FineTuner)):
+        raise TypeError(f"backend {name!r}: {finetuner!r} is not a subclass of FineTuner")
+    register_backend_section(name, config_model)
+    BACKENDS[name] = lambda: finetuner
+
+
 TARGET_METADATA_FIELDS = frozenset({"name", "machine", "backend"})
 
 
@@ -47,33 +59,29 @@ class ResolvedTarget:
 
     name: str
     backend: str
-    config: OpenSourceConfig | BedrockConfig
+    config: BaseModel  # the backend's section model: OpenSourceConfig, BedrockConfig or a plugin's
     machine: str | None = None
 
 
 def backend_class(backend: str) -> Any:
     """The FineTuner class registered for a backend name."""
+    load_plugins()
     try:
         load = BACKENDS[backend]
     except KeyError:
-        valid = ", ".join(BACKENDS)
-        raise ConfigError(
-            f"finetuner.backend: unknown backend {backend!r}; valid backends: {valid}"
-        ) from None
+        raise ConfigError(f"finetuner.backend: {unknown_backend_message(backend)}") from None
     return load()
 
 
-def backend_defaults(cfg: FinetunerConfig, backend: str) -> OpenSourceConfig | BedrockConfig:
+def backend_defaults(cfg: FinetunerConfig, backend: str) -> BaseModel:
     """The backend's own config section, which every target of that backend starts from."""
-    sections: dict[str, OpenSourceConfig | BedrockConfig] = {
-        "opensource": cfg.opensource,
-        "bedrock": cfg.bedrock,
-    }
-    if backend not in sections:
-        raise ConfigError(
-            f"finetuner.backend: unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}"
-        )
-    return sections[backend]
+    return cfg.section(backend)
+
+
+def model_name(config: BaseModel) -> str:
+    """The model a backend section fine-tunes: the field that a target's `model_id` sets."""
+    field = target_field_map(type(config)).get("model_id")
+    return str(getattr(config, field, "") or "") if field else ""
 
 
 def declared_overrides(target: FineTuneTarget) -> dict[str, Any]:
@@ -82,9 +90,7 @@ def declared_overrides(target: FineTuneTarget) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key not in TARGET_METADATA_FIELDS}
 
 
-def apply_overrides(
-    base: OpenSourceConfig | BedrockConfig, backend: str, target: FineTuneTarget, index: int
-) -> OpenSourceConfig | BedrockConfig:
+def apply_overrides(base: BaseModel, backend: str, target: FineTuneTarget, index: int) -> BaseModel:
     """The backend config with the target's declared fields mapped onto it and validated."""
     field_map = target_field_map(type(base))  # declared by the backend's config model
     where = f"finetuner.targets[{index}] ({target.name!r})"

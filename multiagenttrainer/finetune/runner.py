@@ -30,9 +30,15 @@ from typing import Protocol
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import Config, MachineConfig, OpenSourceConfig, expand_path
-from multiagenttrainer.errors import BackendError, ConfigError, CorpusError, MatError
+from multiagenttrainer.errors import BackendError, ConfigError, CorpusError, MatError, TargetFailed
 from multiagenttrainer.finetune.base import JobRecord, JobStore, SkippedRecord
-from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner, resolve_targets, select_target
+from multiagenttrainer.finetune.registry import (
+    ResolvedTarget,
+    make_finetuner,
+    model_name,
+    resolve_targets,
+    select_target,
+)
 from multiagenttrainer.finetune.remote import (
     RemoteExecution,
     cancel_on_machine,
@@ -249,8 +255,7 @@ def failed_record(
     store: JobStore, job: PlannedJob, name: str, error: str, record: JobRecord | None = None
 ) -> JobRecord:
     """Save (and return) a `failed` record for a target that could not run."""
-    cfg = job.target.config
-    model = cfg.model_id if isinstance(cfg, OpenSourceConfig) else cfg.base_model_id
+    model = model_name(job.target.config)
     if record is None:
         from multiagenttrainer.finetune.opensource import new_job_id
 
@@ -277,6 +282,8 @@ def outcome_of(future: Future[JobRecord], job: PlannedJob, name: str, store: Job
         return future.result()
     if not isinstance(error, MatError):
         raise error
+    if isinstance(error, TargetFailed):  # the step's own record of the failure
+        return JobRecord.from_dict(error.record)
     record = find_record(store, job.job_id) if job.job_id else None
     if record is not None and record.finished:
         return record
@@ -381,11 +388,26 @@ def record_machine(cfg: Config, record: JobRecord) -> RemoteExecution:
     return execution
 
 
-def cancel(cfg: Config, job_id: str) -> JobRecord:
+@dataclass(frozen=True)
+class Cancelled:
+    """What `cancel` did: the job's record afterwards, and whether it had already ended before the call."""
+
+    record: JobRecord
+    already_ended: bool
+
+
+def cancel(cfg: Config, job_id: str) -> Cancelled:
     """Cancel the job through its backend; a local job stops at its next training step, one on a machine
-    is stopped there at once."""
+    is stopped there at once.
+
+    A job that had already ended (completed, failed or cancelled, as stored or as its backend now says)
+    is left as it is, and `already_ended` says so.
+    """
     store = jobs_store(cfg)
-    record = store.get(job_id)
-    if record.machine is not None:
-        return record if record.finished else cancel_on_machine(record, record_machine(cfg, record), store)
-    return make_finetuner(backend_for_record(cfg, record, store), store).cancel_job(record.id)
+    before = store.get(job_id)
+    if before.machine is not None:
+        if before.finished:
+            return Cancelled(before, True)
+        return Cancelled(cancel_on_machine(before, record_machine(cfg, before), store), False)
+    after = make_finetuner(backend_for_record(cfg, before, store), store).cancel_job(before.id)
+    return Cancelled(after, before.finished or (after.finished and after.status != "cancelled"))

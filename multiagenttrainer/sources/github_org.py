@@ -342,7 +342,8 @@ class GithubOrg:
             if self._token() is None and self.cfg.visibility != "public"
             else ""
         )
-        return f"organisation {org!r} has no {self.cfg.visibility} repositories visible to mat{hint}"
+        kind = "" if self.cfg.visibility == "all" else f"{self.cfg.visibility} "
+        return f"organisation {org!r} has no {kind}repositories visible to mat{hint}"
 
     # ------------------------------------------------------------------ error translation
 

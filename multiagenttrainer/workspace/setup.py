@@ -230,6 +230,7 @@ def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, 
 
 
 GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
+FIXED_STEPS_ENV = "MAT_FIXED_STEPS"  # the built-in template trains exactly this many steps when it is set
 
 
 def clone_credentials(
@@ -287,6 +288,8 @@ def setup_workspace(
         base_env.update(repo_env)
     else:
         command, kind = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch), "builtin"
+        if autoresearch_cfg.fixed_steps is not None:  # the template's train.py reads it (prepare.fixed_steps)
+            base_env[FIXED_STEPS_ENV] = str(autoresearch_cfg.fixed_steps)
     write_gitignore(workspace)
     baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
     return Workspace(

@@ -234,14 +234,29 @@ def search_loop(workspace: Path, seed: int, experiments: int = 8) -> list[Experi
     return history
 
 
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_every_seed_starts_with_the_measured_first_moves(workspace: Path, seed: int) -> None:
+    """FIRST_MOVES: beta1 down, then more heads; a first move that lost is not turned around."""
+    template = (workspace / "train.py").read_text()
+    baseline = [result(0, "keep", 3.0, "baseline")]
+    assert propose(workspace, baseline, seed) == "ADAM_BETAS (0.9, 0.95) -> (0.8, 0.95)"
+    (workspace / "train.py").write_text(template)
+    lost = [*baseline, result(1, "discard", 3.1, "ADAM_BETAS (0.9, 0.95) -> (0.8, 0.95)")]
+    assert propose(workspace, lost, seed) == "N_HEAD 4 -> 8"  # not beta1 0.9 -> 0.95
+    (workspace / "train.py").write_text(template)
+    set_constants(workspace, ADAM_BETAS="(0.8, 0.95)")  # the kept train.py
+    won = [*baseline, result(1, "keep", 2.9, "ADAM_BETAS (0.9, 0.95) -> (0.8, 0.95)")]
+    assert propose(workspace, won, seed) == "ADAM_BETAS (0.8, 0.95) -> (0.6, 0.95)"  # keep going
+
+
 def test_the_same_seed_gives_the_same_search_and_other_seeds_differ(workspace: Path, tmp_path: Path) -> None:
     template = (workspace / "train.py").read_text()
     sequences = []
     for seed in (0, 0, 1, 2, 3):
         (workspace / "train.py").write_text(template)
-        sequences.append(tuple(r.description for r in search_loop(workspace, seed)))
+        sequences.append(tuple(r.description for r in search_loop(workspace, seed, experiments=14)))
     assert sequences[0] == sequences[1]
-    assert len(set(sequences[1:])) > 1
+    assert len(set(sequences[1:])) > 1  # after the measured first moves (FIRST_MOVES), the seed decides
 
 
 def test_the_search_keeps_improvements_for_most_seeds(workspace: Path) -> None:

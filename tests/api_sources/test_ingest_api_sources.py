@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -76,3 +77,51 @@ def test_mat_ingest_refuses_a_hostile_clone_url_and_exits_1(
     assert "NAME = 'alpha'" in text and "NAME = 'gamma'" in text  # the public repositories
     assert MARKER not in text and MARKER not in (corpus / "corpus.jsonl").read_text()
     assert clones_in(tmp_path / "staging" / "acme") == ["acme__alpha.git", "acme__gamma.git"]
+
+
+def closed_port_url() -> str:
+    """An http URL on 127.0.0.1 where nothing listens (connections are refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("behaviour", "message"),
+    [
+        ("bad_gateway", "kept failing with server errors (502 for organisation 'acme'); try again later"),
+        ("refused", "cannot reach the GitHub API at "),
+        ("rate_limited", "GitHub rate limit reached for acme; resets at "),
+        ("secondary_rate_limited", "GitHub rate limit reached for acme; resets at "),
+    ],
+)
+def test_a_failing_org_prints_only_mats_own_line(
+    prefect_api, fake_github, git_host, tmp_path, behaviour, message
+):
+    """5xx, connection refused, rate limits: through the real `mat ingest`, stderr holds mat's one line
+    about the source and nothing from urllib3, PyGithub, Prefect or mat's own log records."""
+    fake_github.orgs["acme"] = []
+    fake_github.behaviours["acme"] = behaviour
+    api_url = closed_port_url() if behaviour == "refused" else fake_github.url
+    config = tmp_path / "mat.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "sources": [{"type": "github_org", "url": f"{git_host.url}/acme", "name": "acme"}],
+                "github": {"web_url": git_host.url, "api_url": api_url},
+                "corpus": {"dir": str(tmp_path / "corpus"), "staging_dir": str(tmp_path / "staging")},
+            }
+        )
+    )
+    env = {**os.environ, "GITHUB_TOKEN": fake_github.token, "COLUMNS": "400", "NO_COLOR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "multiagenttrainer.cli", "ingest", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("failed: acme: ") and message in line, result.stderr
+    assert fake_github.token not in result.stdout + result.stderr
+    assert result.stdout == "No corpus was written: every source failed.\n"

@@ -115,6 +115,8 @@ def test_unknown_backend_lists_the_valid_ones(tmp_path):
     from multiagenttrainer.finetune.base import JobStore
 
     bogus = ResolvedTarget("x", "sagemaker", BedrockConfig())
-    with pytest.raises(ConfigError, match="unknown backend 'sagemaker'; valid backends: opensource, bedrock"):
+    with pytest.raises(
+        ConfigError, match="unknown backend 'sagemaker'; registered backends: bedrock, opensource"
+    ):
         make_finetuner(bogus, JobStore(tmp_path))
     assert set(BACKENDS) == {"opensource", "bedrock"}

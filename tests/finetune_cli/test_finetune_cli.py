@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -76,6 +77,21 @@ def test_cancel_stops_a_running_local_job(
     final = mat_json("finetune", "status", str(job["id"]), "--config", str(config))
     assert final["status"] == "cancelled"
     assert final["progress"]["step"] < 5000
+
+
+def test_cancel_of_a_completed_job_says_it_has_already_ended(finished_job: tuple[Path, Any]) -> None:
+    config, record = finished_job
+    before = mat_json("finetune", "status", record.id, "--config", str(config))
+
+    result = mat("finetune", "cancel", record.id, "--config", str(config))
+
+    assert result.returncode == 0, result.stderr  # the job is not running: what cancelling asks for
+    assert result.stdout.splitlines() == [
+        f"job {record.id} already ended (completed at {before['finished_at']}); nothing to cancel"
+    ]
+    assert "stopping" not in result.stdout + result.stderr
+    after = mat_json("finetune", "status", record.id, "--config", str(config))
+    assert (after["status"], after["finished_at"]) == ("completed", before["finished_at"])
 
 
 def test_qlora_on_a_cpu_machine_exits_2_before_anything_starts(

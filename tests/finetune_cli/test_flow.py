@@ -26,7 +26,6 @@ RECIPIENTS = ["ops@example.com"]
 SECRET = "moto-secret-finetune-flow"
 
 
-
 @pytest.fixture
 def ses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
     """moto's server with SES, the sender verified, fake credentials; yields its URL."""

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import re
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.experiments.starting import STARTING_DIR, StartingRun, marker_path
 from multiagenttrainer.monitor import (
     render_status_table,
     render_watch_frame,
@@ -101,6 +109,61 @@ def test_status_table_text(tmp_path: Path) -> None:
     assert output(empty) == "No training runs yet; start one with `mat train`.\n"
 
 
+LONG_NAME = "llama3-8b-instruct-nightly-sweep"
+
+
+def status_lines(tmp_path: Path, width: int, terminal: bool) -> list[str]:
+    """`mat status`'s table for two runs with long names, on a terminal of `width` columns or piped."""
+    save(tmp_path, make_state(LONG_NAME))
+    save(tmp_path, make_state("small"))
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=terminal)
+    render_status_table(console, run_rows(tmp_path))
+    return output(console).splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 60, 40])
+def test_status_on_a_narrow_terminal_never_cuts_a_run_id(tmp_path: Path, width: int) -> None:
+    lines = status_lines(tmp_path, width, terminal=True)
+    ids = [f"20250308-020000-{LONG_NAME}", "20250308-020000-small"]
+    assert [line.split()[0] for line in lines[1:] if line.startswith(" 2025")] == ids
+    assert all(len(line) <= max(width, len(ids[0]) + 2) for line in lines)
+    assert "…" not in "".join(lines)
+    header = lines[0].split()
+    assert header[0] == "id" and "started" not in header  # the first column to give way
+    assert ("status" in header) == (width >= 60)
+
+
+def test_status_piped_keeps_every_column_whole(tmp_path: Path) -> None:
+    lines = status_lines(tmp_path, 80, terminal=False)  # a pipe: rich assumes 80 columns
+    assert lines[0].split() == [
+        "id",
+        "name",
+        "status",
+        "experiments",
+        "baseline",
+        "best",
+        "started",
+        "duration",
+    ]
+    assert lines[1].split()[:3] == [f"20250308-020000-{LONG_NAME}", LONG_NAME, "completed"]
+    assert len(lines[1].split()) == 9  # every value on one line (the start time is two words)
+
+
+def test_mat_status_piped_at_80_columns_prints_whole_ids(tmp_path: Path) -> None:
+    save(tmp_path, make_state(LONG_NAME))
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")} | {
+        "COLUMNS": "80"
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "multiagenttrainer.cli", "status", "--output-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()
+    assert row.split()[:3] == [f"20250308-020000-{LONG_NAME}", LONG_NAME, "completed"]
+    assert row.split()[-1] == "6:30" and len(row) > 80
+
+
 def test_watch_frame_for_a_running_and_a_completed_run() -> None:
     now = datetime(2025, 3, 8, 2, 10, 0, tzinfo=UTC)
     states = [running_state("alpha", now, elapsed_s=42), make_state("beta")]
@@ -164,3 +227,83 @@ def test_watch_gives_up_when_no_run_appears(tmp_path: Path) -> None:
     started = time.monotonic()
     watch_runs(text_console(), tmp_path, once=False, refresh_s=0.05, wait_for_runs_s=0.3)
     assert time.monotonic() - started < 5
+
+
+# ---------------------------------------------------------------- runs that `mat train` is still starting
+
+
+def write_marker(output_dir: Path, name: str, pid: int, started_at: datetime) -> Path:
+    marker = StartingRun(name, pid, socket.gethostname(), started_at.isoformat(timespec="seconds"))
+    path = marker_path(output_dir, pid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(marker)))
+    return path
+
+
+@pytest.fixture
+def live_pid() -> Iterator[int]:
+    """The pid of a process that stays alive for the test (a `mat train` still starting)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield child.pid
+    child.kill()
+    child.wait(timeout=30)
+
+
+def test_watch_once_lists_runs_being_started_and_ignores_dead_or_damaged_markers(
+    tmp_path: Path, live_pid: int
+) -> None:
+    now = datetime.now(UTC)
+    write_marker(tmp_path, "small", live_pid, now - timedelta(seconds=12))
+    write_marker(tmp_path, "killed", dead_pid(), now)
+    (tmp_path / STARTING_DIR / "1.json").write_text("{not json")
+    (tmp_path / STARTING_DIR / "2.json").write_text(json.dumps({"name": "x" * 10_000, "pid": 2}))
+    console = text_console()
+    watch_runs(console, tmp_path, once=True)
+    lines = output(console).splitlines()
+    assert lines[0] == f"No training runs under {tmp_path} yet." and len(lines) == 2
+    assert re.fullmatch(rf"starting: small \(pid {live_pid}, 1[23] s\)", lines[1]), lines
+
+
+def test_a_run_whose_process_wrote_run_json_is_no_longer_starting(tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    save(tmp_path, running_state("alpha", now))  # owned by this process
+    write_marker(tmp_path, "alpha", os.getpid(), now)
+    console = text_console()
+    watch_runs(console, tmp_path, once=True)
+    assert "starting:" not in output(console) and "alpha" in output(console)
+
+
+def test_watch_waits_for_a_starting_run_and_shows_it_to_the_end(tmp_path: Path, live_pid: int) -> None:
+    """The Quick Start's race: watch starts before the run's directory exists, with an old run there."""
+    save(tmp_path, make_state("old"))
+    marker = write_marker(tmp_path, "fresh", live_pid, datetime.now(UTC))
+    state = make_state("fresh", "running", finished=False)
+    state.pid = os.getpid()
+
+    def start_then_finish() -> None:
+        time.sleep(1.5)  # ingest and Prefect start-up
+        save(tmp_path, state)
+        marker.unlink()
+        time.sleep(1.0)
+        state.status = "completed"
+        save(tmp_path, state)
+
+    worker = threading.Thread(target=start_then_finish)
+    worker.start()
+    started = time.monotonic()
+    console = text_console()
+    watch_runs(console, tmp_path, once=False, refresh_s=0.1, wait_for_runs_s=0.2)
+    worker.join(timeout=10)
+    assert 2.4 < time.monotonic() - started < 10  # neither the old finished run nor the short grace ended it
+    final = output(console)
+    assert "fresh" in final and "old" in final and "2 runs" in final and "Nothing is running" not in final
+
+
+def test_watch_gives_up_with_a_clear_line_when_nothing_starts(tmp_path: Path) -> None:
+    save(tmp_path, make_state("old"))
+    console = text_console()
+    watch_runs(console, tmp_path, once=False, refresh_s=0.05, wait_for_runs_s=0.3)
+    assert " ".join(output(console).split()).endswith(
+        f"Nothing is running or starting under {tmp_path} (waited 0.3 s); start a run with "
+        "`mat train --name NAME &`, then `mat watch`."
+    )

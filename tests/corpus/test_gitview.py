@@ -5,12 +5,14 @@ repositories, submodules, tracked files below ignored directories) are decided a
 from __future__ import annotations
 
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from multiagenttrainer.config import LocalRepoSource
-from multiagenttrainer.corpus.gitview import PRUNED_PATTERNS, make_bare_repository
+from multiagenttrainer.corpus.gitview import PRUNED_PATTERNS, git_runner, make_bare_repository
 from multiagenttrainer.corpus.walk import WalkEvent, walk_events
 from multiagenttrainer.errors import CorpusError, SourceError
 from multiagenttrainer.sources import SourceContext, make_source
@@ -269,3 +271,23 @@ def test_the_throw_away_repository_is_the_one_git_init_makes(tmp_path: Path) -> 
         answers.append((bare, config, status))
     assert answers[0] == answers[1]
     assert answers[0][0].strip() == "true" and "? a.py" in answers[0][2] and "! b.log" in answers[0][2]
+
+
+def test_work_given_to_run_meanwhile_runs_until_git_has_answered(tmp_path: Path) -> None:
+    """The walk reads directories while git status runs (walk.py's read-ahead); git's answer is the
+    same, and `answered` turns true once git has written it."""
+    root = write_tree(tmp_path / "t", {".gitignore": "*.log\n", "a.py": "a", "b.log": "b", "sub/c.py": "c"})
+    seen: list[bool] = []
+
+    def meanwhile(answered: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not answered() and time.monotonic() < deadline:
+            seen.append(False)
+            time.sleep(0.001)
+        seen.append(answered())
+
+    with git_runner() as runner:
+        view = runner.view(str(root), None, meanwhile)
+        assert view == runner.view(str(root), None)
+    assert seen[-1] is True
+    assert set(view.untracked) == {b".gitignore", b"a.py", b"sub/c.py"} and view.ignored == (b"b.log",)

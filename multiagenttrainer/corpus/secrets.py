@@ -543,6 +543,7 @@ def relevant_hits(data: bytes, hits: Hits) -> Hits:
 
 MAX_REMEMBERED_LINE = 4096
 MAX_REMEMBERED_HITS = 1 << 16
+MAX_REMEMBERED_BYTES = 8 << 20  # of lines: a tree of long, distinct lines cannot make the set big
 HitKey = tuple[int, int, bytes]  # trigger, offset of the hit in its line, the line
 
 
@@ -629,9 +630,11 @@ def one_line(trigger: int, data: bytes, start: int, line_start: int, line_end: i
 class CleanHits:
     """Hits that found nothing on lines that decide them alone (see above); bounded."""
 
-    def __init__(self, limit: int = MAX_REMEMBERED_HITS) -> None:
+    def __init__(self, limit: int = MAX_REMEMBERED_HITS, limit_bytes: int = MAX_REMEMBERED_BYTES) -> None:
         self.limit = limit
+        self.limit_bytes = limit_bytes
         self.keys: set[HitKey] = set()
+        self.bytes = 0  # of the lines in keys, about
 
     def unknown(self, data: bytes, hits: Hits) -> tuple[Hits, list[HitKey]]:
         """The hits not known to find nothing, and the keys of those among them that can be remembered."""
@@ -653,9 +656,12 @@ class CleanHits:
 
     def remember(self, keys: list[HitKey]) -> None:
         """Remember hits that found nothing (the keys `unknown` gave, of a file with nothing found)."""
-        if len(self.keys) + len(keys) > self.limit:
+        size = sum(len(key[2]) for key in keys)
+        if len(self.keys) + len(keys) > self.limit or self.bytes + size > self.limit_bytes:
             self.keys.clear()
+            self.bytes = 0
         self.keys.update(keys)
+        self.bytes += size
 
 
 CLEAN_HITS = CleanHits()

@@ -357,3 +357,7 @@ def test_remembered_hits_are_bounded() -> None:
     for name in ("a", "b", "c"):
         redact_secrets(f'password = os.environ["{name}"]\n'.encode(), None, clean)
         assert 0 < len(clean.keys) <= 2
+    clean = CleanHits(limit_bytes=100)
+    for name in ("a" * 30, "b" * 30, "c" * 30):
+        redact_secrets(f'password = os.environ["{name}"]\n'.encode(), None, clean)
+        assert 0 < clean.bytes <= 100 and clean.bytes == sum(len(key[2]) for key in clean.keys)

@@ -4,7 +4,8 @@ For each file: read it, apply the content rules, decode, dedupe within the chunk
 SHA-1, redact secrets, pick the split, and append its corpus.txt and corpus.jsonl bytes to the
 chunk's two buffers. Files on disk go through the native encoder (accel.py, native/encode.c) in
 runs: it does all of that in C and hands back to the Python rules here only the files they must
-decide (not plain UTF-8 text, a content rule that may apply, scanner hits that may be secrets).
+decide (not plain UTF-8 text, a content rule that may apply, scanner hits that may be secrets and
+are not remembered as clean: secrets.CleanHits).
 The parent process decides, in corpus order, which records survive dedupe across chunks and
 where they go in the output files (assemble.py); `write_chunk` then writes them there, so the
 result is the same for any chunking and any number of workers.
@@ -29,7 +30,14 @@ from dulwich.repo import Repo
 from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.filters import content_skip_reason, decode_text
 from multiagenttrainer.corpus.plan import FileSpan, Item, TreeInfo
-from multiagenttrainer.corpus.secrets import SCANNER, TRIGGER_REQUIRES, Hits, redact_secrets
+from multiagenttrainer.corpus.secrets import (
+    CLEAN_HITS,
+    MAX_REMEMBERED_LINE,
+    SCANNER,
+    TRIGGER_REQUIRES,
+    Hits,
+    redact_secrets,
+)
 
 
 @dataclass(frozen=True)
@@ -352,6 +360,8 @@ class ItemProcessor:
             skip=result.skip,
             fallback=self.take_back,
             secrets=self.take_secrets,
+            clean=CLEAN_HITS.keys,
+            clean_line=MAX_REMEMBERED_LINE,
         )
         return read
 

@@ -3,10 +3,10 @@
 git is the one source of truth for .gitignore semantics here: every directory the corpus walks is
 asked of the git CLI, never matched by a port of its rules. Per directory, one `git status
 --porcelain=v2 -z --untracked-files=all --ignored=matching` run against a throw-away git directory
-(`git init` in a temporary directory, removed afterwards) gives the untracked files git does not
-ignore and the ignored entries (an ignored directory once, as `dir/`, without its contents), with
-the tree's nested .gitignore files applied exactly as git applies them. A git work tree (one whose
-`.git` git accepts) is read the same way, plus:
+(an empty bare repository in a temporary directory, removed afterwards) gives the untracked files
+git does not ignore and the ignored entries (an ignored directory once, as `dir/`, without its
+contents), with the tree's nested .gitignore files applied exactly as git applies them. A git work
+tree (one whose `.git` git accepts) is read the same way, plus:
 
 - its `info/exclude` (wherever git keeps it: `git rev-parse --git-path`) as the lowest-precedence
   rules, which is where git puts them;
@@ -29,10 +29,12 @@ case-sensitive matching whatever the repository's config says, and explicit `--g
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,6 +42,7 @@ from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS
 from multiagenttrainer.errors import CorpusError
 
 GIT_TIMEOUT_S = 600
+Meanwhile = Callable[[Callable[[], bool]], None]  # work done while git runs, given "has git answered?"
 NO_FILE = os.devnull
 # Config that no repository, user or system file may change for these commands.
 CONTROLLED_CONFIG = (
@@ -83,24 +86,49 @@ def git_environment(home: str) -> dict[str, str]:
     }
 
 
+# What `git init --bare --template=` writes, less the directories git does not need to read a work tree
+# against an empty index (objects/pack, refs/heads, ...): written here, it costs no git process, and
+# fewer directories to remove afterwards.
+BARE_FILES = {
+    "HEAD": "ref: refs/heads/master\n",
+    "config": "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = true\n",
+    "info/exclude": PRUNED_PATTERNS,
+}
+
+
+def make_bare_repository(git_dir: str) -> None:
+    """An empty bare repository at git_dir (a new directory) whose info/exclude prunes PRUNED_PATTERNS."""
+    for directory in ("", "objects", "refs", "info"):
+        os.mkdir(os.path.join(git_dir, directory))
+    for name, text in BARE_FILES.items():
+        with open(os.path.join(git_dir, name), "w") as handle:
+            handle.write(text)
+
+
 class GitRunner:
     """Runs git commands for one walk; owns the throw-away git directory, removed by `close`."""
 
     def __init__(self) -> None:
         self.scratch = tempfile.mkdtemp(prefix="mat-git-")
+        self.removing: threading.Thread | None = None
         self.env = git_environment(os.path.join(self.scratch, "home"))
         self.git_dir = os.path.join(self.scratch, "git")
         try:
-            self.run(["init", "-q", "--bare", "--template=", self.git_dir], self.scratch)
-            os.mkdir(os.path.join(self.git_dir, "info"))
-            with open(os.path.join(self.git_dir, "info", "exclude"), "w") as handle:
-                handle.write(PRUNED_PATTERNS)
+            make_bare_repository(self.git_dir)
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
+        if self.removing is not None:
+            self.removing.join()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def close_soon(self) -> None:
+        """Start removing the throw-away directory (no more git commands after this); `close` waits for it."""
+        if self.removing is None:
+            self.removing = threading.Thread(target=shutil.rmtree, args=(self.scratch, True), daemon=True)
+            self.removing.start()
 
     def command(self, args: Sequence[str], excludes: str = NO_FILE) -> list[str]:
         config = [arg for setting in CONTROLLED_CONFIG for arg in ("-c", setting)]
@@ -143,14 +171,17 @@ class GitRunner:
     def run(self, args: Sequence[str], cwd: str, excludes: str = NO_FILE) -> bytes:
         return self.finish(self.start(args, cwd, excludes), args[0])
 
-    def view(self, top: str, work: tuple[str, str] | None) -> GitView:
+    def view(self, top: str, work: tuple[str, str] | None, meanwhile: Meanwhile | None = None) -> GitView:
         """What git lists under the directory `top` (absolute): a plain directory, or a work tree
-        with `work`, what `work_tree` found. Status and ls-files run side by side."""
+        with `work`, what `work_tree` found. Status and ls-files run side by side; `meanwhile` runs
+        while status does, given a function that tells when status has answered."""
         status_args = ["status", "--porcelain=v2", "-z", "--untracked-files=all", "--ignored=matching"]
         excludes = work[0] if work else NO_FILE
         status = self.start([f"--git-dir={self.git_dir}", f"--work-tree={top}", *status_args], top, excludes)
         try:
             tracked = self._tracked(top) if work else frozenset()
+            if meanwhile is not None:
+                meanwhile(lambda: _answered(status))
         except BaseException:
             status.kill()
             status.communicate()
@@ -185,6 +216,14 @@ class GitRunner:
         if code != 0 or len(paths) != 2:  # not a repository after all: read as a plain directory
             return None
         return os.path.join(top, os.fsdecode(paths[0])), os.path.join(top, os.fsdecode(paths[1]))
+
+
+def _answered(process: subprocess.Popen[bytes]) -> bool:
+    """Whether a started command has output (or has closed its pipes): git status writes only once
+    it has read the whole tree."""
+    pipes = [pipe for pipe in (process.stdout, process.stderr) if pipe is not None]
+    readable, _, _ = select.select(pipes, [], [], 0)
+    return bool(readable)
 
 
 def _parse_status(out: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:

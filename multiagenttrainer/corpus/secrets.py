@@ -6,7 +6,8 @@ without any costs nothing more. Each hit runs only its own rules, and only at th
 rules match at the hit's position; assignment rules first check that an assignment follows the
 name (one short regex), then match the name and its value from where the name starts. The
 secret value is replaced by `<REDACTED:rule>`; the syntax around it (quotes, keys, the rest of
-the line) is kept.
+the line) is kept. A hit that found nothing on a line that alone decides it is remembered, and the
+same hit on the same line in a later file is passed over (CleanHits): the result is the same.
 
 Rules (name: what is redacted):
   private-key         the body of a -----BEGIN ... PRIVATE KEY----- block (BEGIN/END lines kept),
@@ -54,10 +55,30 @@ import hashlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ahocorasick_rs import MATCHKIND_LEFTMOST_LONGEST, BytesAhoCorasick
 
 from multiagenttrainer.corpus.secret_formats import TOKEN_FORMATS
+
+try:  # patterns in their parsed form: which rules read nothing but the hit's line (CleanHits)
+    from re import _constants as _c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+
+    _LINE_FREE_CATEGORIES = {
+        _c.CATEGORY_DIGIT,
+        _c.CATEGORY_WORD,
+        _c.CATEGORY_NOT_SPACE,
+        _c.CATEGORY_NOT_LINEBREAK,
+    }
+    _LINE_BREAK_CATEGORIES = {
+        _c.CATEGORY_SPACE,
+        _c.CATEGORY_NOT_DIGIT,
+        _c.CATEGORY_NOT_WORD,
+        _c.CATEGORY_LINEBREAK,
+    }
+except ImportError:  # pragma: no cover - a Python without them: no hit is remembered
+    _parser = None
 
 Span = tuple[int, int, str]  # start, end, rule name
 Hits = list[tuple[int, int, int]]  # (trigger, start, end) as SCANNER.find_matches_as_indexes gives them
@@ -321,13 +342,18 @@ NETRC_VALUE_FOLLOWS = re.compile(rb"[ \t]+[^\s=:]")
 NETRC_WINDOW = 256  # how far before `password` its entry's `machine` may be
 
 
+def netrc_value_follows(data: bytes, start: int) -> bool:
+    """Whether the `ssw` at start is in `password` followed by a value on its line (`password = ...`,
+    `password:`: an assignment, not a .netrc entry)."""
+    begin = start - 2
+    return data[begin : begin + 8] == b"password" and NETRC_VALUE_FOLLOWS.match(data, begin + 8) is not None
+
+
 def collect_netrc(rule: Rule, data: bytes, start: int, end: int, spans: list[Span], _seen: SeenNames) -> None:
     """The password of a .netrc entry: `machine HOST [login USER] password SECRET`."""
     begin = start - 2  # the trigger is "ssw"
-    if data[begin : begin + 8] != b"password" or not data[begin - 1 : begin].isspace():
+    if not netrc_value_follows(data, start) or not data[begin - 1 : begin].isspace():
         return
-    if NETRC_VALUE_FOLLOWS.match(data, begin + 8) is None:
-        return  # `password = ...`, `password:`: an assignment, not a .netrc entry
     for keyword in NETRC_KEYWORD.finditer(data, max(0, begin - NETRC_WINDOW), begin):
         match = NETRC_ENTRY.match(data, keyword.start())
         if match is not None and match.start("keyword") == begin:
@@ -498,16 +524,169 @@ def relevant_hits(data: bytes, hits: Hits) -> Hits:
     return [hit for hit in hits if TRIGGER_REQUIRES[hit[0]] not in missing]
 
 
-def redact_secrets(data: bytes, hits: Hits | None = None) -> tuple[bytes, dict[str, int]]:
+# ------------------------------------------------------------------ clean hits, remembered
+
+# Most hits find nothing, and the same lines come back file after file (`password = os.environ[...]`,
+# `headers = {"Authorization": f"Bearer {token}"}`). A hit whose rules read nothing but its own line
+# finds the same there whatever the rest of the file holds, so a hit that found nothing is remembered
+# by (trigger, where it is in its line, the line) and passed over the next time. Which rules read only
+# the hit's line (`one_line`) is decided from what each collector reads:
+# - token rules: a pattern that never matches or looks at a line break (checked on the parsed
+#   pattern, below) and a token that starts on the hit's line;
+# - assignment rules: the name and value are matched up to the end of the line; only a YAML block
+#   scalar (`password: |`) reads the lines below, and it needs a `|` or `>` on the line;
+# - .netrc: an entry's `machine` may be lines above, unless no value follows `password` on its line;
+# - private keys span lines: never remembered.
+# Hits are remembered only from files where nothing was found (then each hit found nothing on its
+# own: nothing covered it), and only on lines shorter than the rules' line look (MAX_LINE_LOOK), so
+# every hit on the line sees the same line end.
+
+MAX_REMEMBERED_LINE = 4096
+MAX_REMEMBERED_HITS = 1 << 16
+MAX_REMEMBERED_BYTES = 8 << 20  # of lines: a tree of long, distinct lines cannot make the set big
+HitKey = tuple[int, int, bytes]  # trigger, offset of the hit in its line, the line
+
+
+def _class_has_line_break(items: list[tuple[Any, Any]]) -> bool | None:
+    """Whether a parsed character class holds "\n" (None: cannot tell)."""
+    negate, found = False, False
+    for op, arg in items:
+        if op is _c.NEGATE:
+            negate = True
+        elif op is _c.LITERAL:
+            found = found or arg == 10
+        elif op is _c.RANGE and isinstance(arg, tuple):
+            found = found or arg[0] <= 10 <= arg[1]
+        elif op is _c.CATEGORY and arg in _LINE_FREE_CATEGORIES:
+            continue
+        elif op is _c.CATEGORY and arg in _LINE_BREAK_CATEGORIES:
+            found = True
+        else:
+            return None
+    return found != negate
+
+
+def _may_cross_lines(items: Any) -> bool:
+    """Whether a parsed pattern may match, look at or anchor on a line break (True when unsure)."""
+    for op, arg in items:
+        if op is _c.LITERAL:
+            crosses = arg == 10
+        elif op is _c.NOT_LITERAL:
+            crosses = arg != 10
+        elif op is _c.IN:
+            crosses = _class_has_line_break(arg) is not False
+        elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT):
+            crosses = _may_cross_lines(arg[2])
+        elif op is _c.SUBPATTERN:
+            crosses = bool(arg[1] & re.S) or _may_cross_lines(arg[3])
+        elif op is _c.BRANCH:
+            crosses = any(_may_cross_lines(branch) for branch in arg[1])
+        elif op in (_c.ASSERT, _c.ASSERT_NOT):
+            crosses = _may_cross_lines(arg[1])
+        elif op is _c.ATOMIC_GROUP:
+            crosses = _may_cross_lines(arg)
+        elif op is _c.AT:
+            crosses = arg not in (_c.AT_BOUNDARY, _c.AT_NON_BOUNDARY)
+        else:  # ANY ("." without DOTALL never matches a line break), group references, anything else
+            crosses = op is not _c.ANY and op is not _c.GROUPREF
+        if crosses:
+            return True
+    return False
+
+
+def stays_on_one_line(pattern: re.Pattern[bytes]) -> bool:
+    """Whether a pattern never matches, looks at or anchors on a line break: a match from a position
+    on a line is then the same whatever comes before or after that line."""
+    if _parser is None or pattern.flags & (re.S | re.M):
+        return False
+    try:
+        return not _may_cross_lines(_parser.parse(pattern.pattern, pattern.flags))
+    except Exception:  # another Python's parser: remember nothing
+        return False
+
+
+ONE_LINE_TOKENS = frozenset(
+    rule.name for rule in RULES if rule.collect is collect_token and stays_on_one_line(rule.pattern)
+)
+
+
+def one_line(trigger: int, data: bytes, start: int, line_start: int, line_end: int) -> bool:
+    """Whether every rule of this hit reads nothing but the hit's line (data[line_start:line_end])."""
+    for rule in TRIGGER_RULES[trigger]:
+        if rule.collect is collect_token:
+            local = rule.name in ONE_LINE_TOKENS and line_start <= start + rule.offset <= line_end
+        elif rule.collect is collect_assignment:
+            line = data[line_start:line_end]
+            local = b"|" not in line and b">" not in line
+        elif rule.collect is collect_netrc:
+            local = not netrc_value_follows(data, start)
+        else:
+            local = False
+        if not local:
+            return False
+    return True
+
+
+class CleanHits:
+    """Hits that found nothing on lines that decide them alone (see above); bounded."""
+
+    def __init__(self, limit: int = MAX_REMEMBERED_HITS, limit_bytes: int = MAX_REMEMBERED_BYTES) -> None:
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self.keys: set[HitKey] = set()
+        self.bytes = 0  # of the lines in keys, about
+
+    def unknown(self, data: bytes, hits: Hits) -> tuple[Hits, list[HitKey]]:
+        """The hits not known to find nothing, and the keys of those among them that can be remembered."""
+        left: Hits = []
+        keys: list[HitKey] = []
+        for hit in hits:
+            trigger, start = hit[0], hit[1]
+            line_start = data.rfind(b"\n", 0, start) + 1
+            line_end = data.find(b"\n", start, line_start + MAX_REMEMBERED_LINE)
+            if line_end < 0:
+                line_end = len(data) if len(data) - line_start < MAX_REMEMBERED_LINE else -1
+            key = (trigger, start - line_start, data[line_start:line_end]) if line_end >= 0 else None
+            if key is not None and key in self.keys:
+                continue
+            left.append(hit)
+            if key is not None and one_line(trigger, data, start, line_start, line_end):
+                keys.append(key)
+        return left, keys
+
+    def remember(self, keys: list[HitKey]) -> None:
+        """Remember hits that found nothing (the keys `unknown` gave, of a file with nothing found)."""
+        size = sum(len(key[2]) for key in keys)
+        if len(self.keys) + len(keys) > self.limit or self.bytes + size > self.limit_bytes:
+            self.keys.clear()
+            self.bytes = 0
+        self.keys.update(keys)
+        self.bytes += size
+
+
+CLEAN_HITS = CleanHits()
+
+
+def redact_secrets(
+    data: bytes, hits: Hits | None = None, clean: CleanHits | None = CLEAN_HITS
+) -> tuple[bytes, dict[str, int]]:
     """The data with every secret value replaced by `<REDACTED:rule>`, and how many per rule.
 
-    `hits`: SCANNER's matches in data, when the caller has them already.
+    `hits`: SCANNER's matches in data, when the caller has them already. `clean`: the hits known to
+    find nothing (None: look at every hit); the result is the same either way.
     """
     if hits is None:
         hits = SCANNER.find_matches_as_indexes(data)
     hits = relevant_hits(data, hits) if hits else hits
+    keys: list[HitKey] = []
+    if hits and clean is not None:
+        hits, keys = clean.unknown(data, hits)
     spans = collect_spans(data, hits) if hits else []
-    return splice(data, spans) if spans else (data, {})
+    if spans:
+        return splice(data, spans)
+    if keys and clean is not None:
+        clean.remember(keys)
+    return data, {}
 
 
 def collect_spans(data: bytes, hits: Hits) -> list[Span]:

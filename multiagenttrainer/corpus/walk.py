@@ -38,7 +38,7 @@ import shutil
 import stat
 import sys
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
@@ -98,6 +98,7 @@ def _walk(top: str, git: GitRunner, records: Records | None) -> list[WalkEvent]:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), top)
     listing = _Listing(top, git, records)
     listing.add_view(b"")
+    git.close_soon()  # git is done: its throw-away directory goes while the listing is put together
     events, entered = listing.events()
     if listing.add_silent_dirs(entered):  # empty or unreadable directories: rare, so sorted again
         events, _ = listing.events()
@@ -121,13 +122,14 @@ class _Listing:
         self.known_dirs: set[bytes] = set()  # directories with an entry of their own (not silent)
         self.ignored_dirs: set[bytes] = set()
         self.inputs: list[str] = [_git_binary()]
+        self.read_ahead: dict[bytes, list[tuple[bytes, bool]] | None] = {}  # _read_dir's, while git ran
 
     def add_view(self, prefix: bytes) -> None:
         """What git lists in the directory `prefix` (b"" for the root) and in the repositories in it."""
         directory = os.path.join(self.top, os.fsdecode(prefix[:-1])) if prefix else self.top
         work = self.git.work_tree(directory)
         self.inputs.extend(work or ())
-        view = self.git.view(directory, work)
+        view = self.git.view(directory, work, lambda answered: self._read_ahead(prefix, answered))
         self._add_ignored(prefix, view)
         for nested in self._add_kept(prefix, view):
             self.known_dirs.add(nested)
@@ -184,7 +186,9 @@ class _Listing:
         pending = [(directory, True) for directory in entered]
         while pending:
             directory, was_entered = pending.pop()
-            found = self._read_dir(directory)
+            found = (
+                self.read_ahead.pop(directory) if directory in self.read_ahead else self._read_dir(directory)
+            )
             if not was_entered:
                 silent.append(directory)
                 self.entries.append((directory, DIR if found is not None else UNREADABLE, 0, 0))
@@ -227,6 +231,17 @@ class _Listing:
                 return True
             directory = _parent(directory)
         return False
+
+    def _read_ahead(self, prefix: bytes, answered: Callable[[], bool]) -> None:
+        """While git reads the tree below prefix, read its directories as add_silent_dirs will (most
+        of them, it turns out): top down, VCS and cache directories left out, until git answers."""
+        pending = deque([prefix])
+        while pending and not answered():
+            directory = pending.popleft()
+            found = self.read_ahead[directory] = self._read_dir(directory)
+            pending.extend(
+                directory + name + b"/" for name, is_dir in found or () if is_dir and name not in PRUNED_NAMES
+            )
 
     def _read_dir(self, directory: bytes) -> list[tuple[bytes, bool]] | None:
         """The subdirectories (True) and .gitignore files (False) of a directory; None if unreadable."""

@@ -5,11 +5,14 @@ repositories, submodules, tracked files below ignored directories) are decided a
 from __future__ import annotations
 
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from multiagenttrainer.config import LocalRepoSource
+from multiagenttrainer.corpus.gitview import PRUNED_PATTERNS, git_runner, make_bare_repository
 from multiagenttrainer.corpus.walk import WalkEvent, walk_events
 from multiagenttrainer.errors import CorpusError, SourceError
 from multiagenttrainer.sources import SourceContext, make_source
@@ -239,3 +242,52 @@ def test_tracked_files_are_never_ignored_but_caches_are_never_read(tmp_path: Pat
         ("pkg/__pycache__", "cache", True),
     ]
     assert ("dir", "build") in {(e.kind, e.rel) for e in events}
+
+
+def test_the_throw_away_repository_is_the_one_git_init_makes(tmp_path: Path) -> None:
+    """Written by hand (no git process), the throw-away git directory is a bare repository with the
+    config `git init --bare` writes, and git reads a tree against it as against one it made itself."""
+    made, initialised = str(tmp_path / "made"), str(tmp_path / "initialised")
+    make_bare_repository(made)
+    git(tmp_path, "init", "-q", "--bare", "--template=", initialised)
+    (Path(initialised) / "info").mkdir()
+    (Path(initialised) / "info" / "exclude").write_text(PRUNED_PATTERNS)
+    root = write_tree(
+        tmp_path / "t", {".gitignore": "*.log\n", "a.py": "a", "b.log": "b", "node_modules/x.js": "x"}
+    )
+    answers = []
+    for git_dir in (made, initialised):
+        bare = git(tmp_path, f"--git-dir={git_dir}", "rev-parse", "--is-bare-repository")
+        config = git(tmp_path, f"--git-dir={git_dir}", "config", "--list", "--local")
+        status = git(
+            root,
+            f"--git-dir={git_dir}",
+            f"--work-tree={root}",
+            "status",
+            "--porcelain=v2",
+            "--untracked-files=all",
+            "--ignored=matching",
+        )
+        answers.append((bare, config, status))
+    assert answers[0] == answers[1]
+    assert answers[0][0].strip() == "true" and "? a.py" in answers[0][2] and "! b.log" in answers[0][2]
+
+
+def test_work_given_to_run_meanwhile_runs_until_git_has_answered(tmp_path: Path) -> None:
+    """The walk reads directories while git status runs (walk.py's read-ahead); git's answer is the
+    same, and `answered` turns true once git has written it."""
+    root = write_tree(tmp_path / "t", {".gitignore": "*.log\n", "a.py": "a", "b.log": "b", "sub/c.py": "c"})
+    seen: list[bool] = []
+
+    def meanwhile(answered: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not answered() and time.monotonic() < deadline:
+            seen.append(False)
+            time.sleep(0.001)
+        seen.append(answered())
+
+    with git_runner() as runner:
+        view = runner.view(str(root), None, meanwhile)
+        assert view == runner.view(str(root), None)
+    assert seen[-1] is True
+    assert set(view.untracked) == {b".gitignore", b"a.py", b"sub/c.py"} and view.ignored == (b"b.log",)

@@ -14,13 +14,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multiagenttrainer.corpus import accel
-from multiagenttrainer.corpus.chunks import git_blob_sha
+from multiagenttrainer.corpus.chunks import (
+    ChunkOutput,
+    ChunkResult,
+    ChunkSettings,
+    ItemProcessor,
+    RecordEncoder,
+    git_blob_sha,
+)
 from multiagenttrainer.corpus.filters import (
     GENERATED_MARKERS,
     LONG_LINE_CHARS,
     content_skip_reason,
     decode_text,
 )
+from multiagenttrainer.corpus.plan import Item, TreeInfo
+from multiagenttrainer.corpus.secrets import CLEAN_HITS, Hits
 from tests.corpus.conftest import dir_snapshot, write_tree
 from tests.support.fake_credentials import fake_credentials
 
@@ -292,3 +301,61 @@ def test_a_directory_swapped_for_a_link_during_the_build_is_not_followed(
         assert "OUTSIDE_MARKER" not in (out / "corpus.txt").read_text()
         assert "OUTSIDE_MARKER" not in (out / "corpus.jsonl").read_text()
         assert stats["files"] == 1 and stats["skipped"] == {"unreadable": 2}
+
+
+CLEAN_LINES = (
+    '    password = os.environ["DB_PASSWORD"]\n'
+    "    headers = {'Authorization': f'Bearer {token}'}\n"
+    "    token = self.record.get_token()\n"
+    '    secret_name = "status/worker"\n'
+    "password hunter2secretvalue\n"
+)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_remembered_clean_hits_give_the_same_corpus_natively(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The same clean lines in file after file (the C encoder passes over hits remembered as clean),
+    and the same lines made secrets by the lines around them: the same corpus, byte for byte."""
+    files: dict[str, str | bytes] = {
+        f"src/m{i:02d}.py": f"# module {i}\n{CLEAN_LINES * (i % 3 + 1)}" for i in range(40)
+    }
+    files["etc/netrc"] = "machine example.com login bob\npassword hunter2secretvalue\n"
+    files["etc/db.yaml"] = "db:\npassword: |\n  Sup3rS3cretValue9\n"
+    with_native, without = build_both_ways(tmp_path, monkeypatch, workers, files=files)
+    for name in ("corpus.txt", "corpus.jsonl", "stats.cmp"):
+        assert (with_native / name).read_bytes() == (without / name).read_bytes(), name
+    stats = orjson.loads((with_native / "stats.cmp").read_bytes())
+    assert stats["secrets_by_rule"] == {"netrc": 1, "secret-assignment": 1}
+    assert "hunter2secretvalue" in (with_native / "corpus.txt").read_text()  # in the clean files
+
+
+class SecretsSeen(ItemProcessor):
+    """An ItemProcessor that counts the files the C encoder hands to the secret rules."""
+
+    handed: int = 0
+
+    def take_secrets(self, item: Item, data: bytes, sha: bytes, hits: Hits) -> bool:
+        self.handed += 1
+        return super().take_secrets(item, data, sha, hits)
+
+
+def test_the_native_encoder_passes_over_files_whose_hits_are_remembered_clean(tmp_path: Path) -> None:
+    lines = '    password = os.environ["DB_PASSWORD"]\n    token = self.record.get_token()\n'
+    files = {
+        "a.py": "a = 1\n" + lines,
+        "b.py": "b = 2\n" + lines,
+        "c.py": "c = 3\n" + lines + "password = 'Sup3r-S3cret'\n",
+    }
+    root = write_tree(tmp_path / "tree", files)
+    settings = ChunkSettings(
+        LIMIT, dedupe=True, redact=True, val_fraction=0.0, skip_generated=True, native=True
+    )
+    trees = (TreeInfo("s", "r", "dir", str(root), None),)
+    output = ChunkOutput(ChunkResult(0))
+    processor = SecretsSeen(settings, RecordEncoder(trees, output))
+    CLEAN_HITS.keys.clear()
+    processor.process_dir_run([Item(0, name, str(root / name), len(text)) for name, text in files.items()])
+    assert processor.handed == 2  # a.py (its clean hits then remembered) and c.py (a new line); not b.py
+    assert output.result.secrets == {2: {"secret-assignment": 1}} and b"Sup3r-S3cret" not in output.txt

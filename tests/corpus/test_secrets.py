@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
@@ -13,11 +14,16 @@ import pytest
 
 from multiagenttrainer.corpus.secrets import (
     MAX_FAST_TRIGGERS,
+    ONE_LINE_TOKENS,
     RULES,
     RULESET_DIGEST,
+    SCANNER,
     TRIGGER_RULES,
+    CleanHits,
+    collect_token,
     redact_secrets,
     ruleset_digest,
+    stays_on_one_line,
 )
 from tests.corpus.conftest import dir_snapshot, read_jsonl
 from tests.support.fake_credentials import FakeCredential, fake_credentials
@@ -268,3 +274,90 @@ def test_hostile_input_costs_linear_time(piece: bytes) -> None:
     data = b"x " + piece * (1_000_000 // len(piece)) + b"\n"
     redacted, _ = redact_secrets(data)
     assert redacted.startswith(b"x ")
+
+
+# ------------------------------------------------------------------ hits remembered as clean
+
+
+@pytest.mark.parametrize(
+    ("pattern", "one_line"),
+    [
+        (rb"sk_live_[0-9A-Za-z]{10,1024}(?![A-Za-z0-9_])", True),
+        (rb"(?i:bearer)[ \t]+(?P<secret>[^\s'\"]{8,})\b", True),
+        (rb"a.b", True),
+        (rb"a\sb", False),
+        (rb"a[^x]b", False),
+        (rb"a[^\S]b", False),
+        (rb"a(?s:.)b", False),
+        (rb"a$", False),
+        (rb"^a", False),
+        (rb"a(?=\n)", False),
+        (rb"a[\x00-\x7f]", False),
+    ],
+)
+def test_only_patterns_that_never_reach_a_line_break_count_as_one_line(
+    pattern: bytes, one_line: bool
+) -> None:
+    assert stays_on_one_line(re.compile(pattern)) is one_line
+    assert stays_on_one_line(re.compile(pattern, re.S)) is False
+
+
+def test_every_token_rule_reads_one_line() -> None:
+    """So their clean hits are remembered (a rule reading more is looked at every time: slower, not wrong)."""
+    assert {rule.name for rule in RULES if rule.collect is collect_token} == ONE_LINE_TOKENS
+
+
+def test_a_clean_line_seen_before_is_passed_over() -> None:
+    clean = CleanHits()
+    line = b'    password = os.environ["DB_PASSWORD"]\n'
+    data = b"import os\n" + line
+    hits = SCANNER.find_matches_as_indexes(data)
+    assert redact_secrets(data, None, clean) == (data, {})
+    assert clean.unknown(b"x = 1\n" + line, SCANNER.find_matches_as_indexes(b"x = 1\n" + line))[0] == []
+    assert clean.unknown(data, hits)[0] == []
+
+
+# The same line clean in one file and part of a secret in another: what decides it lies on other lines.
+CONTEXT_PAIRS = [
+    ("password hunter2secretvalue\n", "machine example.com login bob\npassword hunter2secretvalue\n"),
+    ("password: |\nnext: 1\n", "db:\npassword: |\n  Sup3rS3cretValue9\n"),
+    ("password: >-\n", "password: >-\n    Sup3rS3cretValue9\n"),
+    ("-----BEGIN RSA PRIVATE KEY-----\n", PRIVATE_KEY),
+    ("sk\n_live_4eC39HqLyjWDarjtT1zdp7dc\n", f"x = '{STRIPE_KEY}'\n"),
+]
+
+
+@pytest.mark.parametrize(("first", "later"), CONTEXT_PAIRS)
+def test_a_line_decided_by_other_lines_is_never_remembered(first: str, later: str) -> None:
+    clean = CleanHits()
+    assert redact_secrets(first.encode(), None, clean) == (first.encode(), {})
+    redacted, counts = redact_secrets(later.encode(), None, clean)
+    assert (redacted, counts) == redact_secrets(later.encode(), None, None)
+    assert counts
+
+
+def test_remembering_clean_hits_changes_no_redaction() -> None:
+    """Every text here, clean ones first (so their hits are remembered), then the rest twice over in
+    other orders: each redacted exactly as without remembering anything."""
+    stdlib = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts = [path.read_bytes() for path in stdlib]
+    texts += [text.encode() for text in NEGATIVES + [later for _, later in CONTEXT_PAIRS]]
+    texts += [text.encode() for _, text, _ in POSITIVES] + [c.text.encode() for c in FAKES]
+    texts += [b"\n".join(texts[-60:]), b"# header\n" + b"".join(texts[-60:])]  # the same lines, other places
+    clean = CleanHits()
+    expected = [redact_secrets(text, None, None) for text in texts]
+    for order in (texts, texts[::-1], texts):
+        results = {text: redact_secrets(text, None, clean) for text in order}
+        assert [results[text] for text in texts] == expected
+    assert clean.keys  # clean hits were remembered (and passed over in the later rounds)
+
+
+def test_remembered_hits_are_bounded() -> None:
+    clean = CleanHits(limit=2)
+    for name in ("a", "b", "c"):
+        redact_secrets(f'password = os.environ["{name}"]\n'.encode(), None, clean)
+        assert 0 < len(clean.keys) <= 2
+    clean = CleanHits(limit_bytes=100)
+    for name in ("a" * 30, "b" * 30, "c" * 30):
+        redact_secrets(f'password = os.environ["{name}"]\n'.encode(), None, clean)
+        assert 0 < clean.bytes <= 100 and clean.bytes == sum(len(key[2]) for key in clean.keys)

@@ -464,6 +464,8 @@ typedef struct {
     int all_val, skip_generated, dedupe;
     Py_ssize_t limit;
     PyObject *seen, *scanner, *trigger_requires, *skip, *fallback, *secrets;
+    PyObject *clean;        /* a set of secrets.CleanHits keys, or Py_None */
+    Py_ssize_t clean_line;  /* secrets.MAX_REMEMBERED_LINE */
     PyObject *shas, *txt_bytes, *jsonl_bytes, *sizes, *splits, *trees;
     PyObject *pending_txt, *pending_jsonl; /* bytearrays the fallback writes its records to */
     Sink txt, jsonl;
@@ -561,8 +563,58 @@ static int any_relevant_hit(const Run *run, PyObject *hits, const char *data, Py
     return 0;
 }
 
+/* Whether the hit (trigger, start) is a clean hit remembered by secrets.CleanHits: the key is built
+ * as CleanHits.unknown builds it, (trigger, offset in its line, the line), for lines shorter than
+ * clean_line. 1 yes, 0 no, -1 error. */
+static int known_clean(const Run *run, PyObject *trigger, Py_ssize_t start, const char *data, Py_ssize_t len) {
+    if (start < 0 || start > len) return 0;
+    Py_ssize_t line_start = start;
+    while (line_start > 0 && data[line_start - 1] != '\n') line_start--;
+    Py_ssize_t window = line_start + run->clean_line < len ? line_start + run->clean_line : len;
+    const char *end = window > start ? memchr(data + start, '\n', (size_t)(window - start)) : NULL;
+    Py_ssize_t line_end = end ? end - data : (len - line_start < run->clean_line ? len : -1);
+    if (line_end < 0) return 0;
+    PyObject *key = Py_BuildValue("(On y#)", trigger, start - line_start, data + line_start, line_end - line_start);
+    if (!key) return -1;
+    int found = PySet_Contains(run->clean, key);
+    Py_DECREF(key);
+    return found;
+}
+
+/* Whether every hit whose rules could match in data is a remembered clean hit (then the Python rules
+ * would find nothing: secrets.redact_secrets passes those over). 1 yes, 0 no, -1 error. */
+static int all_known_clean(const Run *run, PyObject *hits, const char *data, Py_ssize_t len) {
+    if (!PyAnySet_Check(run->clean)) return 0;
+    signed char present[256];
+    memset(present, -1, sizeof present);
+    Py_ssize_t count = PyList_GET_SIZE(hits), known = PyTuple_GET_SIZE(run->trigger_requires);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *hit = PyList_GET_ITEM(hits, i);
+        if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) < 2) return 0;
+        PyObject *trigger = PyTuple_GET_ITEM(hit, 0);
+        Py_ssize_t index = PyLong_AsSsize_t(trigger), start = PyLong_AsSsize_t(PyTuple_GET_ITEM(hit, 1));
+        if (index < 0 || index >= known || start < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        long required = PyLong_AsLong(PyTuple_GET_ITEM(run->trigger_requires, index));
+        if (required > 255 || (required < 0 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (required >= 0) {
+            if (present[required] < 0) present[required] = memchr(data, (int)required, (size_t)len) != NULL;
+            if (!present[required]) continue; /* its rules cannot match in this file */
+        }
+        int clean = known_clean(run, trigger, start, data, len);
+        if (clean <= 0) return clean;
+    }
+    return 1;
+}
+
 /* The secret scanner's hits in data (a new reference; NULL with an error set), or Py_None (new
- * reference too) when there are none worth a closer look, or redaction is off. */
+ * reference too) when there are none worth a closer look (or all are remembered clean hits), or
+ * redaction is off. */
 static PyObject *secret_triggers(const Run *run, const char *data, Py_ssize_t len) {
     if (run->scanner == Py_None) Py_RETURN_NONE;
     PyObject *view = PyMemoryView_FromMemory((char *)data, len, PyBUF_READ);
@@ -574,8 +626,14 @@ static PyObject *secret_triggers(const Run *run, const char *data, Py_ssize_t le
         Py_DECREF(hits);
         return PyErr_Format(PyExc_TypeError, "the secret scanner must return a list");
     }
-    if (PyList_GET_SIZE(hits) > 0 && any_relevant_hit(run, hits, data, len)) return hits;
-    Py_DECREF(hits);
+    if (PyList_GET_SIZE(hits) > 0 && any_relevant_hit(run, hits, data, len)) {
+        int clean = all_known_clean(run, hits, data, len);
+        if (clean == 0) return hits;
+        Py_DECREF(hits);
+        if (clean < 0) return NULL;
+    } else {
+        Py_DECREF(hits);
+    }
     Py_RETURN_NONE;
 }
 
@@ -705,16 +763,18 @@ static PyObject *encode_dir_items(PyObject *self, PyObject *args, PyObject *kwar
     static char *names[] = {"items", "headers", "record_starts", "split_prefixes", "split_names",
                             "val_threshold", "limit", "skip_generated", "dedupe", "seen", "scanner",
                             "trigger_requires", "txt", "jsonl", "pending", "columns", "skip", "fallback",
-                            "secrets", NULL};
+                            "secrets", "clean", "clean_line", NULL};
     Run run;
     PyObject *items, *threshold, *columns, *txt, *jsonl, *pending;
     if (!rules.configured) return PyErr_Format(PyExc_RuntimeError, "_encode.configure() was not called");
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!O!O!O!OOOO", names, &items, &run.headers,
+    run.clean = Py_None;
+    run.clean_line = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$OOOOOOnppOOO!O!O!O!OOOOOn", names, &items, &run.headers,
                                      &run.record_starts, &run.split_prefixes, &run.split_names, &threshold,
                                      &run.limit, &run.skip_generated, &run.dedupe, &run.seen, &run.scanner,
                                      &PyTuple_Type, &run.trigger_requires, &PyByteArray_Type, &txt,
                                      &PyByteArray_Type, &jsonl, &PyTuple_Type, &pending, &columns, &run.skip,
-                                     &run.fallback, &run.secrets))
+                                     &run.fallback, &run.secrets, &run.clean, &run.clean_line))
         return NULL;
     if (!PyArg_ParseTuple(pending, "O!O!", &PyByteArray_Type, &run.pending_txt, &PyByteArray_Type,
                           &run.pending_jsonl))

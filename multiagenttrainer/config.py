@@ -147,6 +147,11 @@ class AutoresearchConfig(Model):
     branch: str = "master"
     train_time: int = Field(300, ge=1, description="Training time budget per experiment, seconds")
     program_md: str | None = Field(None, description="Path to a program.md that replaces the default")
+    verify: bool = Field(
+        False,
+        description="Real autoresearch only: re-score train.py's checkpoint apart from training (train.py "
+        "must define build_model() and save checkpoint.pt; see the README's protections)",
+    )
 
 
 class TrainingConfig(Model):

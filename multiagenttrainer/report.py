@@ -137,8 +137,32 @@ def render_report_markdown(state: RunState) -> str:
             "delta beat the best so far); the baseline has nothing to compare with.",
             "",
         ]
+    lines += _reverted_lines(state)
     lines += [f"![val_bpb per experiment]({PLOT_FILE})", ""]
     return "\n".join(lines)
+
+
+WHO = {"agent": "by the agent", "training": "by the training run"}
+
+
+def _reverted_lines(state: RunState) -> list[str]:
+    """Every change mat undid, by experiment and by file (empty when there was none)."""
+    entries = []
+    for result in sorted(state.experiments, key=lambda e: e.experiment_id):
+        by_who: dict[str, list[str]] = {}
+        for item in result.reverted:
+            change = f"{item.get('path', '?')} ({item.get('change', 'changed')})"
+            by_who.setdefault(item.get("by", "agent"), []).append(change)
+        for who, changes in by_who.items():
+            files = escape_cell(", ".join(dict.fromkeys(changes)))
+            entries.append(f"- Experiment {result.experiment_id}, {WHO.get(who, who)}: {files}")
+    if not entries:
+        return []
+    intro = (
+        "Only train.py may change. mat put back everything else that changed, from the experiment's "
+        "base commit or its own record of the evaluator, before anything ran again:"
+    )
+    return ["## Changes mat reverted", "", intro, "", *entries, ""]
 
 
 def _summary_lines(state: RunState) -> list[str]:
@@ -153,6 +177,7 @@ def _summary_lines(state: RunState) -> list[str]:
         f"- Improvement over baseline: {_improvement_text(state)}",
         f"- Duration: {_durations_text(state)}",
         f"- Workspace branch: {_branch_text(state)}",
+        f"- Scoring: {_scoring_text(state)}",
     ]
     if len(machines_used(state)) > 1:
         lines.append(f"- Machines: {', '.join(machines_used(state))}")
@@ -189,6 +214,18 @@ def _durations_text(state: RunState) -> str:
     total = sum(e.duration_s for e in state.experiments)
     mean = total / len(state.experiments)
     return f"total {format_duration(total)}, mean {format_duration(mean)} per experiment"
+
+
+SCORING = {
+    "independent": "independent: mat re-scores the checkpoint train.py saves, apart from training",
+    "summary": "the val_bpb train.py prints (autoresearch's contract)",
+}
+
+
+def _scoring_text(state: RunState) -> str:
+    text = SCORING.get(str(state.workspace.get("evaluation", "")), "unknown")
+    digest = str(state.evaluator.get("hash", ""))
+    return f"{text}; evaluator sha256 `{digest[:12]}`" if digest else text
 
 
 def _branch_text(state: RunState) -> str:

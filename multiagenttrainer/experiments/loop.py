@@ -1,19 +1,27 @@
-"""The experiment loop: agent -> commit -> train -> parse -> keep or reset -> results.tsv -> run.json.
+"""The experiment loop: agent -> commit -> train -> score -> keep or reset -> results.tsv -> run.json.
 
 Experiment 0 is the unmodified baseline, trained without an agent. After it, each experiment is one of:
 
-harness mode (default)   the agent edits train.py; mat reverts any other edit, commits train.py, runs
-                         training through the executor under a timeout of 2 x train_time + margin,
-                         parses the summary block and keeps the commit or resets to the best one.
+harness mode (default)   the agent edits train.py; mat reverts any other edit, commits train.py, restores
+                         the evaluator, runs training through the executor under a timeout of
+                         2 x train_time + margin, checks the evaluator is untouched, scores the run and
+                         keeps the commit or resets to the best one.
 agent mode               the agent runs the whole experiment itself as program.md says (commit, train,
                          append a row to results.tsv, keep or reset); mat then reverts edits outside
                          train.py, adopts the rows the agent appended (re-deciding keep/discard with
                          its own rule), copies run.log, and leaves the branch at the best commit.
 
-A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing) is recorded as
-`crash` with the reason and the log tail, and the loop goes on. The order of the last steps makes a
-kill at any point recoverable: git is settled first, then the row is appended to results.tsv (the
-commit point that `--resume` trusts), then run.json is rewritten.
+Scoring: with independent evaluation (the built-in template; autoresearch with `verify`), the val_bpb
+recorded is mat's own score of the checkpoint train.py saved, computed apart from training
+(workspace/scoring.py); what train.py printed must agree with it. Otherwise it is train.py's summary.
+Everything mat does not trust (the agent, the training run) is followed by the Guard (guard.py): mat's
+git config back first, then every other change undone by content and listed on the result.
+
+A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing, an evaluator changed
+by training, a score that does not reproduce) is recorded as `crash` with the reason and the log tail,
+and the loop goes on. The order of the last steps makes a kill at any point recoverable: git is settled
+first, then the row is appended to results.tsv (the commit point that `--resume` trusts), then run.json
+is rewritten.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from multiagenttrainer.config import TrainingConfig
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.execution.base import Executor, RunOutcome
 from multiagenttrainer.experiments.decide import decide
+from multiagenttrainer.experiments.guard import Guard, Undone
 from multiagenttrainer.experiments.results import (
     RESULTS_FILE,
     ResultRow,
@@ -44,6 +53,8 @@ from multiagenttrainer.experiments.results import (
 from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState
 from multiagenttrainer.history import ExperimentResult, Status
 from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.evaluator import Evaluator, load_evaluator
+from multiagenttrainer.workspace.scoring import Verdict, prepare_scoring, read_result, verdict
 from multiagenttrainer.workspace.setup import Workspace
 from multiagenttrainer.workspace.summary import parse_run_summary
 
@@ -81,10 +92,17 @@ class Loop:
     options: LoopOptions = field(default_factory=LoopOptions)
     stop: threading.Event = field(default_factory=threading.Event)
     save_lock: threading.Lock = field(default_factory=threading.Lock)
+    evaluator: Evaluator | None = None  # loaded from the run directory when not given
 
     @property
     def machine(self) -> str:
         return self.executor.name
+
+    @property
+    def guard(self) -> Guard:
+        if self.evaluator is None:
+            self.evaluator = load_evaluator(self.run_dir)
+        return Guard(self.workspace, self.evaluator)
 
     @property
     def results_path(self) -> Path:
@@ -102,6 +120,13 @@ class Attempt:
     commit: str = ""
     description: str = BASELINE_DESCRIPTION
     notes: list[str] = field(default_factory=list)
+    reverted: list[dict[str, str]] = field(default_factory=list)  # every change undone, and by whom
+    evaluator_hash: str = ""
+
+    def undone(self, items: list[Undone], by: str) -> list[str]:
+        """Record changes mat undid (`by` the agent or the training run); return their paths."""
+        self.reverted += [{"path": item.path, "change": item.change, "by": by} for item in items]
+        return [item.path for item in items]
 
 
 # ---------------------------------------------------------------- small helpers
@@ -169,10 +194,9 @@ def set_phase(loop: Loop, attempt: Attempt, phase: Phase) -> None:
     save_state(loop)
 
 
-def clean_to(loop: Loop, commit: str) -> None:
-    """Put the branch on `commit` with a clean work tree (ignored files stay)."""
-    gitops.reset_hard(loop.workspace.path, commit, loop.workspace.branch)
-    gitops.revert_except(loop.workspace.path, keep=())
+def clean_to(loop: Loop, commit: str) -> list[Undone]:
+    """Put the branch on `commit`, the work tree and the evaluator as recorded; return what differed."""
+    return loop.guard.clean(commit)
 
 
 def make_result(
@@ -191,6 +215,8 @@ def make_result(
         finished_at=now_iso(),
         error=error,
         notes=list(attempt.notes),
+        reverted=list(attempt.reverted),
+        evaluator_hash=attempt.evaluator_hash,
         **extra,
     )
 
@@ -247,23 +273,26 @@ def call_agent(loop: Loop, attempt: Attempt, mode: str, timeout_s: float) -> Age
 
 
 def revert_other_edits(loop: Loop, attempt: Attempt) -> None:
-    """Undo edits outside train.py (committed ones too) and note them in the notes and the description."""
+    """Undo edits outside train.py (committed ones, ignored files and the evaluator's data too) and note
+    them in the notes and the description. mat's git config goes back first, before git reads it."""
     workspace, branch = loop.workspace.path, loop.workspace.branch
+    guard = loop.guard
+    reverted = attempt.undone(guard.secure_git(), "agent")
     if gitops.current_branch(workspace) != branch:
         gitops.attach_head(workspace, branch)  # the agent switched branches: come back, keeping its edits
     if gitops.head_sha(workspace) != attempt.base:
         gitops.reset_soft(workspace, attempt.base)  # the agent committed: judge its changes as edits
-    reverted = gitops.revert_except(workspace)
+    reverted += attempt.undone(guard.revert(attempt.base, keep=(gitops.TRAIN_FILE,)), "agent")
     if reverted:
         attempt.notes.append(f"reverted edits to {name_paths(reverted)}")
         attempt.description += f" (reverted edits to {name_paths(reverted)})"
 
 
 def agent_failure(loop: Loop, attempt: Attempt, outcome: AgentOutcome) -> str | None:
-    """Why the agent's turn produced nothing to train, or None when train.py changed."""
+    """Why the agent's turn produced nothing to train, or None when train.py changed (by content)."""
     if outcome.timed_out:
         return f"agent timed out after {loop.training.agent_timeout} s"
-    if not gitops.train_py_changed(loop.workspace.path):
+    if not gitops.train_py_changed(loop.workspace.path, attempt.base):
         return "agent made no change to train.py"
     return None
 
@@ -287,17 +316,24 @@ def propose_change(loop: Loop, attempt: Attempt) -> ExperimentResult | None:
     )
 
 
-def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str]:
-    """Run training on the executor; return how it ended and the log text."""
+def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str, list[str]]:
+    """Run training on the executor with the evaluator restored; return how it ended, the log text and
+    the evaluator paths the run changed (which make it a crash)."""
     set_phase(loop, attempt, "training")
     workspace = loop.workspace
     log_path = loop.run_dir / log_name(attempt.experiment_id)
+    restored, attempt.evaluator_hash = loop.guard.before_training()
+    if restored:
+        attempt.notes.append(f"restored {name_paths(attempt.undone(restored, 'agent'))} before training")
     loop.executor.sync(workspace.path, [gitops.TRAIN_FILE])
     outcome = loop.executor.run(
         workspace.path, workspace.train_command, training_timeout_s(loop), log_path, workspace.env
     )
     check_stop(loop)
-    return outcome, read_log(log_path)
+    undone, tampered = loop.guard.after_training(attempt.commit, attempt.evaluator_hash)
+    if undone:
+        attempt.notes.append(f"training changed {name_paths(attempt.undone(undone, 'training'))} (reverted)")
+    return outcome, read_log(log_path), tampered
 
 
 def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, timeout_s: float) -> str | None:
@@ -311,20 +347,66 @@ def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, ti
     return None
 
 
-def judge(loop: Loop, attempt: Attempt, outcome: RunOutcome, log_text: str) -> ExperimentResult:
+def tampering_reason(tampered: list[str]) -> str | None:
+    """The crash reason for a training run that changed the evaluator, or None."""
+    if not tampered:
+        return None
+    return (
+        f"the training run changed the evaluator ({name_paths(tampered)}); mat put it back, but this run "
+        "was not scored by the fixed evaluator"
+    )
+
+
+def judge(
+    loop: Loop, attempt: Attempt, outcome: RunOutcome, log_text: str, tampered: Sequence[str] = ()
+) -> ExperimentResult:
     """Turn a finished run into a result: crash, keep or discard."""
     summary = parse_run_summary(log_text)
-    reason = crash_reason(outcome, summary, training_timeout_s(loop))
+    reason = crash_reason(outcome, summary, training_timeout_s(loop)) or tampering_reason(list(tampered))
     extra: dict[str, Any] = {"training_s": round(outcome.duration_s, 3), "machine": loop.machine}
     extra["log_path"] = log_name(attempt.experiment_id)
+    if reason is None and summary is not None and loop.workspace.evaluation == "independent":
+        scored = score_independently(loop, attempt, float(summary["val_bpb"]))
+        reason, extra["evaluation"] = scored.reason, scored.evaluation
+        summary = {**summary, "val_bpb": scored.val_bpb} if scored.val_bpb is not None else summary
     if reason is not None:
-        error = f"{reason}\n{tail(log_text, loop.options.log_tail_lines)}".rstrip()
+        log_excerpt = tail(log_text, loop.options.log_tail_lines)
+        error = f"{reason}\n{log_excerpt}".rstrip()
         return make_result(attempt, "crash", None, error=error, summary=dict(summary or {}), **extra)
     assert summary is not None
     val_bpb = float(summary["val_bpb"])
     memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
     status = decide(val_bpb, best_val(loop))
     return make_result(attempt, status, val_bpb, summary=dict(summary), memory_gb=memory_gb, **extra)
+
+
+def scoring_timeout_s(loop: Loop) -> float:
+    """How long the independent evaluation may take (it re-runs only the evaluation, not training)."""
+    return max(120.0, float(loop.workspace.train_time_s)) + loop.options.timeout_margin_s
+
+
+def score_independently(loop: Loop, attempt: Attempt, printed: float) -> Verdict:
+    """Score the checkpoint of `attempt.commit` apart from training, through the executor."""
+    workspace = loop.workspace
+    job = prepare_scoring(
+        loop.run_dir, workspace.path, workspace.kind, workspace.python, attempt.commit, loop.guard.evaluator
+    )
+    if job is None:
+        reason = (
+            "train.py saved no checkpoint (prepare.py's save_checkpoint writes checkpoint.pt), so its "
+            "val_bpb cannot be checked: mat scores the checkpoint, not the number train.py prints"
+        )
+        return Verdict(None, reason, {})
+    set_phase(loop, attempt, "scoring")
+    log_path = loop.run_dir / log_name(attempt.experiment_id, "score.log")
+    outcome = loop.executor.run(job.directory, job.command, scoring_timeout_s(loop), log_path, workspace.env)
+    check_stop(loop)
+    result = read_result(job.result_path)
+    if result is None:
+        how = "timed out" if outcome.timed_out else f"exited with code {outcome.exit_code}"
+        log_excerpt = tail(read_log(log_path), loop.options.log_tail_lines)
+        return Verdict(None, f"the independent evaluation {how} without a result\n{log_excerpt}", {})
+    return verdict(workspace.kind, printed, result)
 
 
 def run_harness_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
@@ -335,9 +417,9 @@ def run_harness_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResul
         crashed = propose_change(loop, attempt)
         if crashed is not None:
             return [crashed]
-    outcome, log_text = train(loop, attempt)
+    outcome, log_text, tampered = train(loop, attempt)
     set_phase(loop, attempt, "recording")
-    result = judge(loop, attempt, outcome, log_text)
+    result = judge(loop, attempt, outcome, log_text, tampered)
     if result.status != "keep":
         clean_to(loop, attempt.base)
     return [result]
@@ -388,6 +470,7 @@ def adopt_rows(loop: Loop, attempt: Attempt, rows: list[ResultRow], log_text: st
         step = Attempt(attempt.experiment_id + index, attempt.base, attempt.started_at, attempt.clock)
         step.commit = gitops.resolve_commit(loop.workspace.path, row.commit) or row.commit
         step.description, step.notes = row.description or "no description", notes
+        step.reverted = list(attempt.reverted)
         error = None
         if status == "crash":
             error = f"the agent recorded a crash\n{tail(log_text, loop.options.log_tail_lines)}"
@@ -411,6 +494,7 @@ def keep_only_train_py(loop: Loop, attempt: Attempt, result: ExperimentResult) -
     clean_to(loop, attempt.base)
     gitops.run_git(workspace, "checkout", result.commit, "--", gitops.TRAIN_FILE)
     result.commit = gitops.commit_paths(workspace, message, [gitops.TRAIN_FILE])
+    result.reverted += [{"path": path, "change": "committed", "by": "agent"} for path in others]
     result.notes.append(f"reverted edits to {name_paths(others)}")
     result.description += f" (reverted edits to {name_paths(others)})"
 
@@ -420,12 +504,13 @@ def settle_agent_branch(loop: Loop, attempt: Attempt, results: list[ExperimentRe
     kept = [r for r in results if r.status == "keep"]
     if kept and gitops.resolve_commit(loop.workspace.path, kept[-1].commit):
         keep_only_train_py(loop, attempt, kept[-1])
-        clean_to(loop, kept[-1].commit)
+        leftovers = clean_to(loop, kept[-1].commit)
     else:
         for result in kept:  # a kept row whose commit does not exist cannot be the best
             result.status, result.val_bpb = "crash", None
             result.error = f"commit {result.commit[:7]} of the agent's row does not exist"
-        clean_to(loop, attempt.base)
+        leftovers = clean_to(loop, attempt.base)
+    results[-1].reverted += [{"path": u.path, "change": u.change, "by": "agent"} for u in leftovers]
 
 
 def run_agent_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
@@ -441,7 +526,9 @@ def run_agent_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]
     run_log = read_log(workspace / RUN_LOG)
     if run_log:
         (loop.run_dir / log_name(attempt.experiment_id)).write_text(run_log, encoding="utf-8")
-    reverted = gitops.revert_except(workspace)
+    guard = loop.guard
+    reverted = attempt.undone(guard.secure_git(), "agent")
+    reverted += attempt.undone(guard.revert_uncommitted(), "agent")
     if reverted:
         attempt.notes.append(f"reverted uncommitted edits to {name_paths(reverted)}")
     if not rows:
@@ -452,8 +539,39 @@ def run_agent_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]
         logs = tail(run_log or outcome.log, loop.options.log_tail_lines)
         return [make_result(attempt, "crash", None, error=f"{reason}\n{logs}".rstrip(), machine=loop.machine)]
     results = adopt_rows(loop, attempt, rows, run_log)
+    if loop.workspace.evaluation == "independent":
+        verify_agent_rows(loop, attempt, results)
     settle_agent_branch(loop, attempt, results)
     return results
+
+
+def verify_agent_rows(loop: Loop, attempt: Attempt, results: list[ExperimentResult]) -> None:
+    """Independent evaluation in agent mode: the last row is re-scored from the checkpoint its run left
+    (its val_bpb must agree; the held-out score is recorded); an earlier kept row cannot be checked, since
+    only the last run's checkpoint is left, so it is a crash."""
+    for result in results[:-1]:
+        if result.status == "keep":
+            unverified(
+                result, "only the last run's checkpoint is left, so this kept row could not be checked"
+            )
+    last = results[-1]
+    if last.status == "crash" or last.val_bpb is None:
+        return
+    step = Attempt(last.experiment_id, attempt.base, attempt.started_at, attempt.clock, commit=last.commit)
+    scored = score_independently(loop, step, last.val_bpb)
+    last.evaluation = scored.evaluation
+    if scored.reason is not None or scored.val_bpb is None:
+        unverified(last, scored.reason or "the independent evaluation gave no val_bpb")
+        return
+    last.val_bpb = scored.val_bpb
+    last.summary = {**last.summary, "val_bpb": scored.val_bpb}
+    last.status = decide(scored.val_bpb, best_val(loop))
+
+
+def unverified(result: ExperimentResult, reason: str) -> None:
+    """Turn an adopted row into a crash with `reason`."""
+    result.notes.append(f"the agent recorded {result.status} with val_bpb {result.val_bpb}")
+    result.status, result.val_bpb, result.error = "crash", None, reason
 
 
 # ---------------------------------------------------------------- the loop

@@ -87,6 +87,7 @@ class AutoresearchSetup:
     val_chars: int
     tokenizer_seconds: float
     changed_files: list[str] = field(default_factory=list)  # edited by set-up, not yet committed
+    python: list[str] = field(default_factory=list)  # how to run Python there (the scorer, snippets)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -386,6 +387,7 @@ def prepare_autoresearch_workspace(
         chunk_chars=chunk_chars,
         tokenizer_seconds=round(seconds, 2),
         changed_files=changed,
+        python=interpreter.python,
         **asdict(stats),
     )
 

@@ -1,13 +1,16 @@
 """Set up a run's workspace: a fresh git work tree holding train.py, the fixed files and the data.
 
     <run_dir>/workspace/     git repo on branch autoresearch/<run-tag>, first commit "baseline"
+    <run_dir>/evaluator/     the evaluator's record: hashes and copies of the fixed files, mat's git config,
+                             and (built-in) the held-out split (workspace/evaluator.py)
 
 (The run's results.tsv and the workspace link to it belong to the experiment ledger:
 experiments/results.py `link_results`; the ignore rules here keep that link out of git.)
 
-Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin from the
-corpus. Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the
-corpus; this module adds the branch, the ignore rules and the baseline commit.
+Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin (a dev split)
+from the corpus; the corpus's val split is kept out of the workspace as the held-out split mat scores on.
+Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the corpus;
+this module adds the branch, the ignore rules and the baseline commit.
 
 The Workspace record says how to run training there; it is stored in run.json so `--resume` rebuilds it.
 """
@@ -31,12 +34,16 @@ from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
 from multiagenttrainer.sources.base import SourceContext
 from multiagenttrainer.sources.git import GitCredentials
 from multiagenttrainer.sources.github_urls import github_credentials
-from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace import gitops, worktree
 from multiagenttrainer.workspace.builtin import render_template, write_builtin_data
+from multiagenttrainer.workspace.evaluator import HOLDOUT_REL, record_evaluator
 
 log = logging.getLogger(__name__)
 
 WorkspaceKind = Literal["builtin", "autoresearch"]
+# How a run's val_bpb is obtained: "independent" = mat re-scores the checkpoint train.py saved, apart from
+# training (workspace/scoring.py); "summary" = the val_bpb train.py prints (autoresearch's own contract).
+Evaluation = Literal["independent", "summary"]
 WORKSPACE_DIR = "workspace"
 BRANCH_PREFIX = "autoresearch/"
 BASELINE_MESSAGE = "baseline"
@@ -65,6 +72,8 @@ class Workspace:
     env: dict[str, str] = field(default_factory=dict)
     branch: str = ""
     baseline_commit: str = ""
+    evaluation: Evaluation = "summary"
+    python: list[str] = field(default_factory=list)  # the interpreter for the scorer; mat's own when empty
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
@@ -194,13 +203,24 @@ def program_md_path(cfg: AutoresearchConfig) -> Path | None:
     return Path(cfg.program_md).expanduser() if cfg.program_md else None
 
 
-def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str) -> list[str]:
-    """Render the built-in template and its data into a new repository; return the training command."""
+def setup_builtin(
+    workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
+) -> tuple[list[str], list[Path]]:
+    """Render the built-in template and its data into a new repository; return the training command and
+    the data directories of the evaluator."""
     gitops.init_repo(workspace, branch)
     render_template(workspace, cfg.train_time, program_md_path(cfg))
-    stats = write_builtin_data(corpus_jsonl, workspace / "data")
+    stats = write_builtin_data(corpus_jsonl, workspace / "data", (run_dir / HOLDOUT_REL).parent)
     log.info("built-in workspace data: %s", stats)
-    return [sys.executable, "train.py"]
+    return [sys.executable, "train.py"], [workspace / "data"]
+
+
+def evaluator_files(workspace: Path, data_dirs: list[Path], run_dir: Path, kind: WorkspaceKind) -> list[Path]:
+    """prepare.py, every file of the data directories and, for the built-in, the held-out split."""
+    files = [workspace / "prepare.py"]
+    for directory in data_dirs:
+        files += [directory / rel for rel, e in worktree.scan(directory).items() if e.kind == "file"]
+    return files + ([run_dir / HOLDOUT_REL] if kind == "builtin" else [])
 
 
 GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
@@ -223,8 +243,8 @@ def setup_autoresearch(
     branch: str,
     run_dir: Path,
     credentials: GitCredentials | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """Clone real autoresearch with the corpus injected, then branch; return its command and environment."""
+) -> AutoresearchCommands:
+    """Clone real autoresearch with the corpus injected, then branch; return its commands and data."""
     from multiagenttrainer.workspace.autoresearch import prepare_autoresearch_workspace
 
     prepared = prepare_autoresearch_workspace(cfg, corpus_jsonl, workspace, run_dir, credentials=credentials)
@@ -232,7 +252,22 @@ def setup_autoresearch(
         log.info("autoresearch workspace: %s", note)
     gitops.configure_repo(workspace)
     gitops.create_branch(workspace, branch)
-    return list(prepared.train_command), dict(prepared.env)
+    return AutoresearchCommands(
+        list(prepared.train_command),
+        dict(prepared.env),
+        list(prepared.python),
+        [Path(prepared.data_dir), Path(prepared.tokenizer_dir)],
+    )
+
+
+@dataclass(frozen=True)
+class AutoresearchCommands:
+    """How to train and score in a prepared autoresearch workspace, and where its data lives."""
+
+    train: list[str]
+    env: dict[str, str]
+    python: list[str]
+    data_dirs: list[Path]
 
 
 def setup_workspace(
@@ -253,16 +288,20 @@ def setup_workspace(
     branch = branch_for(run_tag)
     corpus_jsonl = locate_corpus_jsonl(Path(corpus_path), run_dir / "corpus")
     base_env = {"PYTHONUNBUFFERED": "1"}
+    evaluation: Evaluation = "independent"
+    python = [sys.executable]
     if autoresearch_cfg.repo:
-        command, repo_env = setup_autoresearch(
-            workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir, credentials
-        )
+        commands = setup_autoresearch(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir, credentials)
         kind: WorkspaceKind = "autoresearch"
-        base_env.update(repo_env)
+        command, data_dirs, python = commands.train, commands.data_dirs, commands.python
+        base_env.update(commands.env)
+        evaluation = "independent" if autoresearch_cfg.verify else "summary"
     else:
-        command, kind = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch), "builtin"
+        command, data_dirs = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
+        kind = "builtin"
     write_gitignore(workspace)
     baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
+    record_evaluator(run_dir, workspace, evaluator_files(workspace, data_dirs, run_dir, kind), data_dirs)
     return Workspace(
         path=workspace,
         kind=kind,
@@ -271,4 +310,6 @@ def setup_workspace(
         train_time_s=autoresearch_cfg.train_time,
         branch=branch,
         baseline_commit=baseline,
+        evaluation=evaluation,
+        python=python,
     )

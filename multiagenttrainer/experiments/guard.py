@@ -52,7 +52,7 @@ class Guard:
     def secure_git(self) -> list[Undone]:
         """mat's git configuration back, before any git command reads the agent's."""
         changed = gitops.restore_control_files(self.path, self.evaluator.git_copy)
-        return [Undone(path, "modified") for path in changed]
+        return [Undone(path, kind) for path, kind in changed]
 
     def revert(self, commit: str, keep: tuple[str, ...] = ()) -> list[Undone]:
         """Every path but `keep` back to `commit` by content, then the evaluator's files."""

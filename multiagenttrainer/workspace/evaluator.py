@@ -136,10 +136,11 @@ class Evaluator:
         return digest
 
     def fingerprint(self, extra: Sequence[Path] = ()) -> str:
-        """One sha256 over every recorded file and the `extra` files, as they are now."""
+        """One sha256 over every recorded file and the `extra` files, as they are now. With no extra file
+        beyond the recorded ones, it is the recorded fingerprint exactly when nothing changed."""
         lines = sorted(
             f"{self.label(location)}\t{self.current_sha256(location) or 'missing'}"
-            for location in [*(f.location for f in self.files), *extra]
+            for location in {*(f.location for f in self.files), *extra}
         )
         return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
@@ -245,7 +246,7 @@ def record_evaluator(run_dir: Path, workspace: Path, files: list[Path], dirs: li
     (evaluator.directory / OBJECTS_DIR).mkdir(parents=True, exist_ok=True)
     evaluator.files = [record_file(evaluator, location) for location in sorted(set(files))]
     evaluator.dirs = [(str(_root_for(evaluator, d)), _rel_to(evaluator, d)) for d in dirs]
-    gitops.restore_control_files(workspace, evaluator.git_copy)  # clean first: no hooks, no grafts
+    gitops.remove_redirections(gitops.check_git_dir(workspace))  # no hooks (a clone's samples), no grafts
     gitops.save_control_files(workspace, evaluator.git_copy)
     evaluator.save()
     return evaluator

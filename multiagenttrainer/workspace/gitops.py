@@ -487,16 +487,26 @@ def save_control_files(workspace: Path, destination: Path) -> None:
             saved.unlink(missing_ok=True)
 
 
-def restore_control_files(workspace: Path, saved: Path) -> list[str]:
+def restore_control_files(workspace: Path, saved: Path) -> list[tuple[str, ChangeKind]]:
     """Put back mat's .git/config and info/exclude from `saved`, empty hooks/ and remove the files that
-    redirect git (REMOVED_CONTROL_FILES); return what was changed, as `.git/...` paths."""
+    redirect git (REMOVED_CONTROL_FILES); return each `.git/...` path that was changed, and how."""
     git_dir = check_git_dir(workspace)
-    changed = [f".git/{name}" for name in CONTROL_FILES if _restore_control_file(git_dir, name, saved)]
+    changed: list[tuple[str, ChangeKind]] = []
+    for name in CONTROL_FILES:
+        kind = _restore_control_file(git_dir, name, saved)
+        if kind is not None:
+            changed.append((f".git/{name}", kind))
+    return changed + [(path, "added") for path in remove_redirections(git_dir)]
+
+
+def remove_redirections(git_dir: Path) -> list[str]:
+    """Remove REMOVED_CONTROL_FILES and empty hooks/; return the `.git/...` paths that were there."""
+    removed = []
     for name in REMOVED_CONTROL_FILES:
         if os.path.lexists(git_dir / name):
             worktree.remove(git_dir, name)
-            changed.append(f".git/{name}")
-    return changed + remove_hooks(git_dir)
+            removed.append(f".git/{name}")
+    return removed + remove_hooks(git_dir)
 
 
 def remove_hooks(git_dir: Path) -> list[str]:
@@ -513,16 +523,17 @@ def remove_hooks(git_dir: Path) -> list[str]:
     return [f".git/hooks/{name}" for name in planted]
 
 
-def _restore_control_file(git_dir: Path, name: str, saved: Path) -> bool:
-    """Make .git/<name> mat's copy (or absent when mat had none); whether it had changed."""
+def _restore_control_file(git_dir: Path, name: str, saved: Path) -> ChangeKind | None:
+    """Make .git/<name> mat's copy (or absent when mat had none); how it had changed, or None."""
     copy = saved / name.replace("/", "-")
     target = git_dir / name
     wanted = copy.read_bytes() if copy.is_file() else None
+    present = os.path.lexists(target)
     current = target.read_bytes() if target.is_file() and not target.is_symlink() else None
-    if wanted == current and (current is not None or not os.path.lexists(target)):
-        return False
+    if wanted == current and (current is not None or not present):
+        return None
     if wanted is None:
         worktree.remove(git_dir, name)
-    else:
-        worktree.write_file(git_dir, name, wanted)
-    return True
+        return "added"
+    worktree.write_file(git_dir, name, wanted)
+    return "modified" if present else "deleted"

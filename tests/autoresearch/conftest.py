@@ -111,6 +111,26 @@ def failing_tokenizer_repo(served_root: Path, scratch: Path) -> PublishedRepo:
     return publish(served_root, scratch, "forks/failing-tokenizer", edit)
 
 
+@pytest.fixture(scope="session")
+def checkpoint_fork(served_root: Path, scratch: Path) -> PublishedRepo:
+    """A fork whose train.py keeps the contract of `autoresearch.verify`: a build_model() that needs no
+    training, and the trained weights saved as checkpoint.pt ({"model": state_dict}) before evaluating."""
+
+    def edit(work: Path) -> None:
+        train = work / "train.py"
+        build = "def build_model():\n    return GPT(Tokenizer.from_directory().get_vocab_size())\n\n\n"
+        replace_in(train, "def main():\n", build + "def main():\n")
+        replace_in(
+            train,
+            "    model = GPT(tokenizer.get_vocab_size()).to(device)\n",
+            "    model = build_model().to(device)\n",
+        )
+        call = "    val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE)\n"
+        replace_in(train, call, '    torch.save({"model": model.state_dict()}, "checkpoint.pt")\n' + call)
+
+    return publish(served_root, scratch, "forks/checkpoint", edit)
+
+
 PIDFILE_ENV = "FAKE_AUTORESEARCH_PIDFILE"
 
 

@@ -15,7 +15,10 @@ if count != 1:
 prepare.write_text(source)
 subprocess.run(["git", "update-index", "--skip-worktree", "prepare.py"], check=True)
 train = Path("train.py")
-train.write_text(re.sub(r"^(WARMUP_STEPS = )\d+", r"\g<1>1", train.read_text(), count=1, flags=re.M))
+source, count = re.subn(r"^(WARMUP_STEPS = )\d+", r"\g<1>1", train.read_text(), count=1, flags=re.M)
+if not count:  # autoresearch's train.py has no warm-up constant
+    source = re.sub(r"^(LEARNING_RATE = )\S+", r"\g<1>2e-3", source, count=1, flags=re.M)
+train.write_text(source)
 status = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout
 print(f"skip_worktree_prepare.py: git status now says {status.split()}")
-Path(".mat-description").write_text("warm-up of one step\n")
+Path(".mat-description").write_text("warm-up of one step (or a lower learning rate)\n")

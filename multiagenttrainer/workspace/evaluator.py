@@ -62,6 +62,15 @@ class FixedFile:
     def location(self) -> Path:
         return Path(self.root) / self.path
 
+    def behind_link(self) -> bool:
+        """Whether a directory between the root and the file is now a link (reads would follow it)."""
+        current = Path(self.root)
+        for part in self.path.split("/")[:-1]:
+            current = current / part
+            if current.is_symlink():
+                return True
+        return False
+
 
 @dataclass(frozen=True)
 class Restored:
@@ -156,7 +165,7 @@ class Evaluator:
                 self.label(f.location), "modified" if os.path.lexists(f.location) else "deleted", f.location
             )
             for f in self.files
-            if self.current_sha256(f.location) != f.sha256
+            if f.behind_link() or self.current_sha256(f.location) != f.sha256
         ]
         return found + [Restored(self.label(extra), "added", extra) for extra in self.extra_files()]
 

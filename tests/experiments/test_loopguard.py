@@ -113,7 +113,8 @@ def test_evaluator_edits_hidden_from_git_and_faked_numbers_never_count(
     }
     assert (run_dir / "results.tsv").read_text().splitlines()[2].startswith(f"{hidden.commit[:7]}\t")
     rows = read_results(run_dir / "results.tsv")
-    assert [row.val_bpb for row in rows] == [None if r.val_bpb is None else round(r.val_bpb, 6) for r in results]
+    recorded = [None if r.val_bpb is None else round(r.val_bpb, 6) for r in results]
+    assert [row.val_bpb for row in rows] == recorded
 
 
 def test_training_that_changes_the_evaluator_cheats_causally_or_saves_nothing_crashes(
@@ -177,7 +178,7 @@ def test_git_traps_planted_by_the_agent_never_run_in_mats_git_calls_nor_on_resum
     assert not (trap_dir / "fired").exists(), (trap_dir / "fired").read_text()
     planted = results[1]
     assert planted.status == "keep" and planted.val_bpb == trivial_val_bpb(0.002)
-    assert {(".git/config", "modified", "agent"), (".gitattributes", "added", "agent")} <= reverted(planted), reverted(planted)
+    assert {(".git/config", "modified", "agent"), (".gitattributes", "added", "agent")} <= reverted(planted)
     assert (".git/info/attributes", "added", "agent") in reverted(planted)
     assert (".git/hooks/post-commit", "added", "agent") in reverted(planted)
     ws_git = workspace.path / ".git"

@@ -6,6 +6,10 @@ prepare.py is fixed and holds the evaluation, train.py is what an agent edits, a
 
     corpus.jsonl --write_builtin_data--> data/train.bin, data/val.bin   (UTF-8 bytes, one token per byte)
     template/    --render_template-----> prepare.py (TIME_BUDGET set), train.py, program.md
+
+For a run, write_builtin_data gets a holdout directory outside the workspace: the corpus's val split goes
+there (mat scores the checkpoint on it) and data/val.bin becomes a dev split cut from the train documents,
+which train.py scores itself on.
 """
 
 from __future__ import annotations

@@ -262,7 +262,9 @@ def reset_soft(workspace: Path, commit: str) -> None:
 
 def changed_between(workspace: Path, old: str, new: str) -> list[str]:
     """Paths that differ between two commits."""
-    out = run_git(workspace, "diff", "--name-only", "--no-renames", "-z", old, new)
+    out = run_git(
+        workspace, "diff", "--name-only", "--no-renames", "--no-ext-diff", "--no-textconv", "-z", old, new
+    )
     return [path for path in out.split("\0") if path]
 
 

@@ -214,6 +214,8 @@ class Host:
         send(self.to_host, b"X", SHAPE.pack(*tokens.shape, 0) + tokens.numpy().tobytes())
         _, payload = self.answer()
         shape = SHAPE.unpack_from(payload)
+        if tuple(shape[:2]) != tuple(tokens.shape) or len(payload) != SHAPE.size + 4 * math.prod(shape):
+            raise ScoringError(f"the model process answered {tuple(tokens.shape)} inputs with {shape} logits")
         values = np.frombuffer(payload, dtype=np.float32, offset=SHAPE.size).reshape(shape)
         return torch.from_numpy(values.copy())
 

@@ -131,8 +131,23 @@ def prepare_scoring(
         "seed": secrets.randbits(31),
     }
     write_json_atomically(directory / "spec.json", spec)
-    command = [*(python or [sys.executable]), "-I", str(SCORER), str(directory / "spec.json"), str(directory)]
+    command = [
+        *scoring_python(python, workspace),
+        "-I",
+        str(SCORER),
+        str(directory / "spec.json"),
+        str(directory),
+    ]
     return ScoringJob(directory, command, result_path)
+
+
+def scoring_python(python: list[str], workspace: Path) -> list[str]:
+    """The workspace's interpreter, run from the scoring directory: `uv run` is told where the project is."""
+    if not python:
+        return [sys.executable]
+    if python[:2] == ["uv", "run"]:
+        return ["uv", "run", "--project", str(workspace), *python[2:]]
+    return list(python)
 
 
 def read_result(path: Path) -> dict[str, Any] | None:

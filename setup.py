@@ -20,9 +20,9 @@ setup(
             optional=True,
         ),
         Extension(
-            "multiagenttrainer.corpus._walk",
-            ["multiagenttrainer/corpus/native/walk.c"],
-            libraries=["crypto", "pthread"],
+            "multiagenttrainer.corpus._statfields",
+            ["multiagenttrainer/corpus/native/statfields.c"],
+            libraries=["pthread"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

@@ -4,13 +4,15 @@
     ├── ConfigError               the YAML or the command line is wrong          -> exit code 2
     ├── SourceError               one data source could not be fetched           -> exit code 1
     │   └── TransientSourceError  ...for a reason that may pass (network, 5xx, rate limit); retried
-    ├── IngestIncomplete          some sources failed; the corpus holds the rest  -> exit code 1
+    ├── IngestIncomplete          sources failed or came in part; corpus of the rest -> exit code 1
     ├── CorpusError               the corpus could not be built or read          -> exit code 1
     ├── ServerError               the local Prefect server could not be started  -> exit code 1
     ├── MachineError              an execution target is unreachable or broken   -> exit code 1
     ├── ExperimentError           a training experiment could not be run         -> exit code 1
+    ├── DiskFullError             a disk filled up; free space and run the command again -> exit code 1
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
     │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
+    ├── ServeError                a model could not be loaded or served          -> exit code 1
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
 Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
@@ -19,6 +21,8 @@ and messages never contain credentials.
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 
@@ -52,16 +56,19 @@ class TransientSourceError(SourceError):
 
 
 class IngestIncomplete(MatError):
-    """Some sources failed; the corpus was built from the others. `summary` is the ingest summary."""
+    """Some sources failed or came only in part; the corpus holds the rest. `summary`: the ingest's."""
 
     def __init__(self, summary: dict[str, Any]) -> None:
         self.summary = summary
         failures = summary.get("failures", [])
         total = len(summary.get("sources", [])) or len(failures)
-        lines = [f"{len(failures)} of {total} sources failed:"]
+        partial = sum(1 for failure in failures if failure.get("partial"))
+        counts = [f"{len(failures) - partial} of {total} sources failed"] if len(failures) > partial else []
+        counts += [f"{partial} of {total} sources were fetched only in part"] if partial else []
+        lines = ["; ".join(counts) + ":"]
         lines += [f"  {failure['source']}: {failure['error']}" for failure in failures]
         if summary.get("stats") is not None:
-            lines.append(f"The corpus in {summary.get('corpus_dir')} was built from the other sources.")
+            lines.append(f"The corpus in {summary.get('corpus_dir')} was built from what could be fetched.")
         else:
             lines.append("No corpus was written.")
         super().__init__("\n".join(lines))
@@ -102,5 +109,39 @@ class TargetsFailed(BackendError):
         return (type(self), (self.summary, self.failures))  # Prefect pickles a failed flow's exception
 
 
+class ServeError(MatError):
+    """A model could not be loaded or served (`mat serve`, `mat finetune export`)."""
+
+
 class NotificationError(MatError):
     """An alert could not be delivered; callers log it and carry on."""
+
+
+class DiskFullError(MatError):
+    """A write failed because its file system is full (ENOSPC, or a quota: EDQUOT)."""
+
+
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+MIN_FREE_BYTES = 64 << 20
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether an error is a full file system (or an exhausted quota)."""
+    return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS
+
+
+def disk_full_error(
+    error: OSError, where: str | os.PathLike[str], needed_bytes: int, then: str
+) -> DiskFullError:
+    """One line: which path, how much is free there, how much to free, and the command to run after."""
+    path = str(error.filename or where)
+    try:
+        usage = os.statvfs(where)
+        free = f"{usage.f_bavail * usage.f_frsize / 1e6:.0f} MB free"
+    except OSError:
+        free = "free space unknown"
+    needed = max(needed_bytes, MIN_FREE_BYTES)
+    return DiskFullError(
+        f"no space left on the device of {path} ({free}): free at least {needed / 1e6:.0f} MB there, "
+        f"then {then}"
+    )

@@ -8,9 +8,12 @@ The rules live here and nowhere else:
 - every source is resolved (what it would fetch, for cache keys) and fetched as soon as its version is
   known, FETCH_WORKERS at a time; transient failures are retried by SOURCE_RETRY (retry.py);
 - a source that fails is recorded with its reason and left out; it never stops the others;
+- a source fetched only in part (its snapshot names `failures`, e.g. organisation repositories that
+  could not be cloned) keeps what it fetched in the corpus and is recorded as incomplete (`partial`);
 - the corpus is built from the sources that worked, in source-name order, so the output does not depend
   on which fetch finished first;
-- when any source failed, IngestIncomplete is raised after the corpus is written (exit code 1).
+- when any source failed or is incomplete, IngestIncomplete is raised after the corpus is written
+  (exit code 1).
 
 Steps are the only thing a caller swaps: `IngestSteps` says what resolving, fetching and building one
 thing means (plain calls here, Prefect tasks with caching in tasks/ingest.py). `Ingester` is the library
@@ -240,11 +243,22 @@ class FetchReport:
         self.snapshots.append(outcome.snapshot)
         status = "cached" if outcome.cached else "fetched"
         self.rows[name].update(status=status, version=outcome.snapshot.version)
+        incomplete = outcome.snapshot.failure_summary()
+        if incomplete is not None:
+            self.rows[name].update(status="incomplete", error=incomplete)
         self.progress.source_finished(name, None, cached=outcome.cached)
 
-    def failures(self) -> list[dict[str, str]]:
-        rows = self.rows.values()
-        return [{"source": r["name"], "error": r["error"]} for r in rows if r["status"] == "failed"]
+    def failures(self) -> list[dict[str, Any]]:
+        """One entry per failed source, and per source fetched only in part (`partial`: true)."""
+        return [
+            {
+                "source": r["name"],
+                "error": r["error"],
+                **({"partial": True} if r["status"] == "incomplete" else {}),
+            }
+            for r in self.rows.values()
+            if r["status"] in ("failed", "incomplete")
+        ]
 
     def ordered_snapshots(self) -> list[Snapshot]:
         """The snapshots in source-name order, whatever order the fetches finished in."""

@@ -4,21 +4,39 @@ A command started with `start_in_session` leads a new session and process group 
 which hold everything it spawns. Members are found by scanning /proc: a process counts when its group
 or its session is that id, so a child that moved to a group of its own is still found. Zombies do not
 count. Without /proc (not Linux), a signal probe stands in and the leader's pid is the only member known.
+
+A session is not a cage: `setsid`, a double fork or `nohup` leave it. So every contained command also
+gets a *scope* that its descendants cannot leave by detaching:
+- a cgroup of its own (`mat/<owner pid>-<token>` in the cgroup v2 tree, or the v1 `pids` hierarchy) when
+  this process may create one (root, or a delegated subtree), joined before the command starts;
+- otherwise (or with MAT_CGROUPS=0) an environment marker (MAT_PROCESS_SCOPE=<owner pid>-<token>) found
+  in /proc/<pid>/environ (a descendant has to scrub its environment on purpose to leave it).
+Members of the scope count as members of the group, so stopping the group stops them too. The command
+itself also dies with the thread that started it (PR_SET_PDEATHSIG), and `stop_orphaned_scopes` ends
+what a killed mat left behind (`mat train --resume` calls it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 POLL_S = 0.05
 GONE_TIMEOUT_S = 10.0  # how long SIGKILLed processes get to disappear
+SCOPE_VARIABLE = "MAT_PROCESS_SCOPE"
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/pids"))
+CGROUP_PARENT = "mat"
+PR_SET_PDEATHSIG = 1
 
 
 def has_proc() -> bool:
@@ -66,8 +84,153 @@ def group_answers(pgid: int) -> bool:
     return True
 
 
+# ---------------------------------------------------------------- scopes
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Everything one contained command started, however it detached (see the module docstring)."""
+
+    name: str  # <owner pid>-<token>
+    cgroup: Path | None
+
+    def marker(self) -> bytes:
+        return f"{SCOPE_VARIABLE}={self.name}".encode()
+
+    def members(self) -> set[int]:
+        """Live processes of the scope (cgroup members, or processes carrying its marker)."""
+        if self.cgroup is not None:
+            return {pid for pid in cgroup_pids(self.cgroup) if pid_alive(pid)}
+        return {pid for pid in live_pids() if carries_marker(pid, self.marker())}
+
+
+_scopes: dict[int, Scope] = {}  # leader pid -> its scope
+_scopes_lock = threading.Lock()
+
+
+def cgroup_base() -> Path | None:
+    """The `mat` cgroup under the first cgroup tree this process may create groups in, or None."""
+    if os.environ.get("MAT_CGROUPS") == "0":
+        return None
+    for root in CGROUP_ROOTS:
+        if not (root / "cgroup.procs").is_file():
+            continue
+        base = root / CGROUP_PARENT
+        try:
+            base.mkdir(exist_ok=True)
+            probe = base / f"probe-{os.getpid()}"
+            probe.mkdir(exist_ok=True)
+            probe.rmdir()
+        except OSError:
+            continue
+        return base
+    return None
+
+
+def new_scope() -> Scope:
+    """A fresh scope owned by this process: a cgroup when possible, else an environment marker."""
+    name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    base = cgroup_base() if has_proc() else None
+    if base is not None:
+        with contextlib.suppress(OSError):
+            (base / name).mkdir()
+            return Scope(name, base / name)
+    return Scope(name, None)
+
+
+def cgroup_pids(cgroup: Path) -> list[int]:
+    """The pids in a cgroup (none when it is gone)."""
+    try:
+        return [int(line) for line in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def live_pids() -> list[int]:
+    """Every live (non-zombie) process."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = read_stat(int(entry.name))
+            if stat is not None and not is_zombie(stat[0]):
+                pids.append(int(entry.name))
+    return pids
+
+
+def carries_marker(pid: int, marker: bytes) -> bool:
+    """Whether a process's environment holds `marker` (NAME=value)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return marker in environ.split(b"\0")
+
+
+def scope_of(pgid: int) -> Scope | None:
+    with _scopes_lock:
+        return _scopes.get(pgid)
+
+
+def release_scopes() -> None:
+    """Forget scopes whose leader is reaped and whose members are all gone; remove their cgroups."""
+    with _scopes_lock:
+        done = [pgid for pgid, scope in _scopes.items() if not pid_alive(pgid) and not scope.members()]
+        for pgid in done:
+            scope = _scopes.pop(pgid)
+            if scope.cgroup is not None:
+                with contextlib.suppress(OSError):
+                    scope.cgroup.rmdir()
+
+
+def orphaned_scope_members() -> dict[str, set[int]]:
+    """Processes of scopes whose owning mat process is gone (a killed mat's leftovers), by scope name."""
+    found: dict[str, set[int]] = {}
+    base = cgroup_base() if has_proc() else None
+    for cgroup in base.iterdir() if base is not None else []:
+        owner = cgroup.name.split("-", 1)[0]
+        if cgroup.is_dir() and owner.isdigit() and not pid_alive(int(owner)):
+            found[cgroup.name] = {pid for pid in cgroup_pids(cgroup) if pid_alive(pid)}
+    for pid in live_pids() if has_proc() else []:
+        name = scope_marker_of(pid)
+        if name is not None and not pid_alive(int(name.split("-", 1)[0])):
+            found.setdefault(name, set()).add(pid)
+    return found
+
+
+def scope_marker_of(pid: int) -> str | None:
+    """The scope name a process carries in its environment, if any."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{SCOPE_VARIABLE}=".encode()
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            name = item[len(prefix) :].decode(errors="replace")
+            return name if name.split("-", 1)[0].isdigit() else None
+    return None
+
+
+def stop_orphaned_scopes() -> list[int]:
+    """SIGKILL what killed mat processes left running in their scopes; return the pids signalled."""
+    killed = []
+    for name, pids in orphaned_scope_members().items():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        base = cgroup_base()
+        if base is not None and (base / name).is_dir():
+            deadline = time.monotonic() + GONE_TIMEOUT_S
+            while cgroup_pids(base / name) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            with contextlib.suppress(OSError):
+                (base / name).rmdir()
+    return killed
+
+
 def session_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in the group or session `pgid`."""
+    """Live (non-zombie) processes in the group or session `pgid`, or in the scope of its leader."""
     if not has_proc():
         return [pgid] if group_answers(pgid) else []
     members = []
@@ -77,6 +240,9 @@ def session_members(pgid: int) -> list[int]:
         stat = read_stat(int(entry.name))
         if stat is not None and not is_zombie(stat[0]) and pgid in (stat[1], stat[2]):
             members.append(int(entry.name))
+    scope = scope_of(pgid)
+    if scope is not None:
+        members.extend(sorted(scope.members() - set(members)))
     return members
 
 
@@ -124,22 +290,52 @@ def stop_group(
     return session_members(pgid)
 
 
+def contain(scope: Scope) -> Callable[[], None]:
+    """What the child runs before exec: join the scope's cgroup, and die with the starting thread."""
+    procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
+    libc = ctypes.CDLL(None, use_errno=True) if has_proc() else None
+
+    def in_child() -> None:
+        if procs is not None:
+            with contextlib.suppress(OSError):
+                fd = os.open(procs, os.O_WRONLY)
+                os.write(fd, b"0")  # "0" means the writing process itself
+                os.close(fd)
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return in_child
+
+
 def start_in_session(
     command: list[str],
     cwd: Path,
     output: IO[bytes],
     env: Mapping[str, str] | None = None,
+    *,
+    contained: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start `command` leading a new session, stdin closed, stdout and stderr into `output`."""
-    return subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    """Start `command` leading a new session, stdin closed, stdout and stderr into `output`.
+
+    `contained` (the default): in a scope of its own, so that stopping its group also stops whatever it
+    detached, and killed when the thread that started it dies; the caller must wait for it in that
+    thread. Only a process meant to outlive mat (the local Prefect server) is started uncontained.
+    """
+    if not contained:
+        return subprocess.Popen(
+            command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    release_scopes()
+    scope = new_scope()
+    scoped_env = {**(os.environ if env is None else env), SCOPE_VARIABLE: scope.name}
+    process = subprocess.Popen(
+        command, cwd=cwd, env=scoped_env, stdin=subprocess.DEVNULL, stdout=output,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=contain(scope),
+    )  # fmt: skip
+    with _scopes_lock:
+        _scopes[process.pid] = scope
+    return process
 
 
 def start_logged(

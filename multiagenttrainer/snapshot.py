@@ -35,7 +35,12 @@ class Tree:
 
 @dataclass
 class Snapshot:
-    """The result of fetching one source; JSON-serialisable."""
+    """The result of fetching one source; JSON-serialisable.
+
+    `warnings` are notes (an empty repository skipped); `failures` name the parts the source should
+    have fetched and could not (`owner/repo: reason`): the snapshot is then incomplete, which makes
+    the ingest fail (exit 1) while the corpus keeps everything that was fetched.
+    """
 
     source: str
     type: str
@@ -44,6 +49,7 @@ class Snapshot:
     include: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +59,13 @@ class Snapshot:
         values = dict(data)
         values["trees"] = [Tree(**tree) for tree in values.get("trees", [])]
         return cls(**values)
+
+    def failure_summary(self) -> str | None:
+        """`2 repositories not fetched (3 were): a/x: reason; a/y: reason`, or None when complete."""
+        if not self.failures:
+            return None
+        count = f"{len(self.failures)} repositor{'y' if len(self.failures) == 1 else 'ies'}"
+        return f"{count} not fetched ({len(self.trees)} were): " + "; ".join(self.failures)
 
     def is_present(self) -> bool:
         """Whether every tree this snapshot names still exists on disk."""

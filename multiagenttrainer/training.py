@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from multiagenttrainer import report
 from multiagenttrainer.config import Config, TrainingConfig, expand_path
-from multiagenttrainer.errors import IngestIncomplete
+from multiagenttrainer.errors import IngestIncomplete, disk_full_error, is_disk_full
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive
@@ -254,8 +254,22 @@ def run_summary(runner: Runner, files: dict[str, str], notes: list[str]) -> dict
 def run_training(
     request: TrainRequest, steps: TrainSteps | None = None, progress: TrainProgress | None = None
 ) -> dict[str, Any]:
-    """The whole stage; returns the run's summary, raises MatError (or KeyboardInterrupt) when it failed."""
-    steps = steps or PlainTrainSteps()
+    """The whole stage; returns the run's summary, raises MatError (or KeyboardInterrupt) when it failed.
+
+    A full disk anywhere (ingest, set-up, resume, an experiment) ends it with one DiskFullError line that
+    says how much to free and what to run afterwards.
+    """
+    try:
+        return train_stage(request, steps or PlainTrainSteps(), progress or NullTrainProgress())
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        then = f"`mat train --resume {request.resume}`" if request.resume else "run the command again"
+        raise disk_full_error(exc, request.runs_dir, 0, then) from None
+
+
+def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgress) -> dict[str, Any]:
+    """run_training's body."""
     progress = progress or NullTrainProgress()
     corpus_dir, notes = (None, []) if request.resume else prepare_corpus(request, steps, progress)
     runner, workspace = steps.setup(request, corpus_dir)

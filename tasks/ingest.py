@@ -6,7 +6,8 @@ with caching and the stage's one retry policy. Two custom cache policies make re
 handing back something that is gone from disk:
 
 - fetch: keyed on the source's config, name, resolved version (commit SHA) and staging path; no
-  key when the version is unknown or when the cached snapshot's trees no longer exist.
+  key when the version is unknown, when the cached snapshot's trees no longer exist, or when it
+  is incomplete (some repositories failed: the next run tries them again).
 - corpus: keyed on every snapshot, the corpus options, the output path and the current output
   files' sizes and mtimes; no key while an output file is missing.
 
@@ -106,10 +107,11 @@ def corpus_cache_key(
 
 
 def cached_snapshot_is_gone(store: ResultStore, key: str) -> bool:
-    """Whether a snapshot cached under `key` names trees that no longer exist on disk."""
+    """Whether a snapshot cached under `key` names trees that no longer exist on disk, or lacks some."""
     if not store.exists(key):
         return False
-    return not Snapshot.from_dict(store.read(key).result).is_present()
+    snapshot = Snapshot.from_dict(store.read(key).result)
+    return not snapshot.is_present() or bool(snapshot.failures)
 
 
 @dataclass

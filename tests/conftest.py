@@ -48,3 +48,12 @@ def prefect_api() -> Iterator[str]:
         EventsWorker.drain_all(timeout=30)
         os.environ.pop("PREFECT_API_URL", None)
         server.stop_server()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_prefect_server_left_behind() -> Iterator[None]:
+    """`mat` commands run by tests start mat's local Prefect server on first use; it ends with the session."""
+    yield
+    from multiagenttrainer.cli import prefect_server
+
+    prefect_server.stop_server()

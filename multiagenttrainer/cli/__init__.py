@@ -1,7 +1,7 @@
 """The `mat` command: parse arguments, load the config, call a flow or the library, render the result.
 
-The core commands live here; `mat server ...` in server.py, `mat finetune ...` in finetune.py, and what
-they all share in common.py.
+The core commands live here; `mat server ...` in server.py, `mat finetune ...` in finetune.py, `mat serve`
+in serve.py, and what they all share in common.py.
 
 Prefect is imported only by the commands that run flows, after `configure_prefect_environment()`
 has pointed it at a running `mat server` (if any), so read-only commands stay fast.
@@ -26,8 +26,10 @@ from multiagenttrainer.cli.common import (
     load_with_repos,
     out,
     prepare_prefect,
+    warn,
 )
 from multiagenttrainer.cli.finetune import finetune_app
+from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
 from multiagenttrainer.config import load_config
 from multiagenttrainer.errors import MatError
@@ -43,6 +45,7 @@ config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 app.add_typer(server_app, name="server")
 app.add_typer(finetune_app, name="finetune")
+app.command("serve")(serve_command)
 
 
 def version_callback(value: bool) -> None:
@@ -73,14 +76,14 @@ def config_validate(
     ] = Path("multiagenttrainer.yaml"),
 ) -> None:
     """Check a config file against the schema (hosts and paths are not contacted)."""
-    from multiagenttrainer.config import parse_config_text
+    from multiagenttrainer.config import load_config_stream
 
     try:
-        cfg = parse_config_text(sys.stdin.read()) if str(path) == "-" else load_config(path)
+        cfg = load_config_stream(sys.stdin.buffer) if str(path) == "-" else load_config(path)
     except MatError as exc:
         fail(exc)
     counts = f"{len(cfg.sources)} sources, {len(cfg.machines)} machines, {len(cfg.finetuner.targets)} targets"
-    out.print(f"{path}: valid ({counts})")
+    out.print(f"{path}: valid ({counts})", markup=False)
 
 
 # --------------------------------------------------------------------------- sources
@@ -148,7 +151,11 @@ def ingest(
     else:
         render_ingest_summary(out, summary)
     for failure in summary.get("failures", []):
-        err.print(f"[red]failed:[/red] {failure['source']}: {failure['error']}")
+        warn(
+            f"{failure['source']}: {failure['error']}",
+            "incomplete" if failure.get("partial") else "failed",
+            "red",
+        )
     raise typer.Exit(code)
 
 
@@ -215,7 +222,7 @@ def train_command(
             err.print(f"run directory: {reporter.run_dir}")
         fail(exc)
     for note in summary.get("notes", []):
-        err.print(f"[yellow]warning:[/yellow] {note}")
+        warn(note)
     out.print(f"run {summary['run_id']} {summary['status']}: {summary['run_dir']}")
     out.print(f"report: {summary['report']}")
     raise typer.Exit(0 if summary["status"] == "completed" else 1)
@@ -285,8 +292,16 @@ def deploy(
 ) -> None:
     """Create the work pool and register the deployments in prefect.yaml with the running server."""
     from multiagenttrainer.cli.prefect_server import configure_prefect_environment
+    from multiagenttrainer.errors import ServerError
 
-    configure_prefect_environment()
+    if configure_prefect_environment() is None:
+        fail(
+            ServerError(
+                "no Prefect server is running, and deployments registered with a throw-away one would "
+                "be lost: start one with `mat server start` (or set PREFECT_API_URL), then run "
+                "`mat deploy` again"
+            )
+        )
     from deployments.register import register_deployments
 
     try:
@@ -305,8 +320,14 @@ def project_dir() -> Path:
 
 def main() -> None:
     """Console-script entry point."""
+    from multiagenttrainer.errors import disk_full_error, is_disk_full
+
     try:
         app()
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        fail(disk_full_error(exc, Path.cwd(), 0, "run the command again"))

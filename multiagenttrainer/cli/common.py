@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from multiagenttrainer.config import Config, load_config
 from multiagenttrainer.errors import ConfigError, MatError
@@ -34,8 +35,13 @@ def fail(error: MatError) -> NoReturn:
     """Print a MatError as red lines (no traceback) and exit with its code."""
     lines = error.problems if isinstance(error, ConfigError) else [str(error)]
     for line in lines:
-        err.print(f"[red]error:[/red] {line}", markup=True, highlight=False)
+        warn(line, "error", "red")
     raise typer.Exit(error.exit_code)
+
+
+def warn(line: str, label: str = "warning", style: str = "yellow") -> None:
+    """`label: line` on stderr; the line is shown as written (it may quote a config, a server, a file)."""
+    err.print(f"[{style}]{label}:[/{style}] {escape(line)}", markup=True, highlight=False)
 
 
 def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
@@ -50,11 +56,14 @@ def load_with_repos(config: Path | None, repos: list[str] | None) -> Config:
 
 
 def prepare_prefect() -> None:
-    """Point Prefect at a running mat server (or ephemeral mode) before a flow module is imported,
-    and keep Prefect's own console lines off the terminal unless asked for."""
-    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
+    """Point Prefect at a server (starting mat's local one on first use) before a flow module is
+    imported, and keep Prefect's own console lines off the terminal unless asked for."""
+    from multiagenttrainer.cli.prefect_server import ensure_prefect_server
 
-    configure_prefect_environment()
+    try:
+        ensure_prefect_server(announce=lambda text: err.print(text, markup=False))
+    except MatError as exc:
+        fail(exc)
     import prefect.main  # noqa: F401  # sets up Prefect's logging, which quiet_console_logging then filters
 
     if not verbose_logging():

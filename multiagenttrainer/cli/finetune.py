@@ -1,4 +1,4 @@
-"""`mat finetune start|list|status|cancel`: fine-tuning jobs on the corpus, open-source or on Bedrock."""
+"""`mat finetune start|list|status|cancel|export`: fine-tuning jobs on the corpus, open-source or Bedrock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from multiagenttrainer.cli.common import ConfigOption, JsonOption, err, fail, out, prepare_prefect
+from multiagenttrainer.cli.common import ConfigOption, JsonOption, err, fail, out, prepare_prefect, warn
 from multiagenttrainer.config import load_config
 from multiagenttrainer.errors import MatError
 
@@ -21,7 +21,10 @@ def finetune_start(
     config: ConfigOption = None,
     corpus: Annotated[
         Path | None,
-        typer.Option("--corpus", help="corpus.jsonl to train on (default: <corpus.dir>/corpus.jsonl)."),
+        typer.Option(
+            "--corpus",
+            help="corpus.jsonl, a corpus folder or any UTF-8 text file (default: <corpus.dir>/corpus.jsonl).",
+        ),
     ] = None,
     name: Annotated[
         str | None, typer.Option("--name", "-n", help="Job name (default: the config file's name).")
@@ -64,7 +67,7 @@ def print_job_lines(records: list[Any]) -> None:
     for record in records:
         where = record.external_id or record.output_path or ""
         detail = f" ({record.error})" if record.error else ""
-        out.print(f"{record.target}: job {record.id} {record.status} {where}{detail}".rstrip())
+        out.print(f"{record.target}: job {record.id} {record.status} {where}{detail}".rstrip(), markup=False)
 
 
 @finetune_app.command("list")
@@ -74,9 +77,11 @@ def finetune_list(config: ConfigOption = None, as_json: JsonOption = False) -> N
     from multiagenttrainer.finetune.runner import list_jobs
 
     try:
-        records = list_jobs(load_config(config))
+        records, skipped = list_jobs(load_config(config))
     except MatError as exc:
         fail(exc)
+    for bad in skipped:
+        warn(bad.warning)
     if as_json:
         out.print_json(data=[r.to_dict() for r in records])
     elif not records:
@@ -118,4 +123,28 @@ def finetune_cancel(
     except MatError as exc:
         fail(exc)
     state = "cancelled" if record.status == "cancelled" else f"{record.status}; stopping at its next step"
-    out.print(f"job {record.id}: {state}")
+    out.print(f"job {record.id}: {state}", markup=False)
+
+
+@finetune_app.command("export")
+def finetune_export(
+    job_id: Annotated[str, typer.Argument(help="A completed open-source job (see `mat finetune list`).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="New folder to write the model to.")],
+    merge: Annotated[
+        bool, typer.Option("--merge", help="Merge the adapter into the base weights (a plain model).")
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Export a job's LoRA adapter, or the base model with it merged, as safetensors plus tokenizer."""
+    from multiagenttrainer.finetune.export import export_job
+    from multiagenttrainer.finetune.runner import jobs_store
+
+    try:
+        record = jobs_store(load_config(config)).get(job_id)
+        result = export_job(record, output, merge)
+    except MatError as exc:
+        fail(exc)
+    what = "merged model" if result.merged else "adapter"
+    files = ", ".join(result.files)
+    out.print(f"exported the {what} of job {record.id} to {result.path}: {files}", markup=False)
+    out.print(f"load it with AutoModelForCausalLM.from_pretrained({str(result.path)!r})", markup=False)

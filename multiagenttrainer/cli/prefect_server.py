@@ -14,12 +14,25 @@ its output to a pipe nobody reads. mat starts it in a session of its own with it
 picks a free port, and waits until it answers. It also writes Prefect's own pid file
 (``$PREFECT_HOME/server.pid``), so `prefect server stop` stops mat's server as well.
 
+Which server a flow-running command uses (`ensure_prefect_server`):
+- PREFECT_API_URL set (the user's own or a remote server): that one;
+- otherwise, with MAT_PREFECT_SERVER unset or `local`: mat's local server, started on first use and kept
+  running for later commands (the command says so when it starts it; `mat server stop` ends it);
+- MAT_PREFECT_SERVER=ephemeral: a server for this command only, stopped when the command ends, and
+  by the kernel when mat itself is killed (PR_SET_PDEATHSIG), so nothing is left behind.
+Starting either kind holds a lock on ``$MAT_HOME/server.lock`` until the server answers, so two first
+commands at once never race on the database's migrations.
+
 This module never imports prefect: it runs ``python -m prefect server start`` as a child process
 and talks to it over plain HTTP.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -30,7 +43,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +60,10 @@ DEFAULT_PORT = 4200
 PORT_SEARCH_SPAN = 100  # ports tried after DEFAULT_PORT when it is taken
 LOG_TAIL_LINES = 20
 EXTRA_LOGGER = "multiagenttrainer"
+MODE_VARIABLE = "MAT_PREFECT_SERVER"
+MODES = ("local", "ephemeral")
+START_TIMEOUT_S = 180.0  # a fresh database is migrated first: 15-30 s here, more under load
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,11 @@ def state_file() -> Path:
 def log_file() -> Path:
     """Where the server's output goes."""
     return mat_home() / "server.log"
+
+
+def lock_file() -> Path:
+    """Held while a server starts, so concurrent commands start one server, one migration at a time."""
+    return mat_home() / "server.lock"
 
 
 def prefect_pid_file() -> Path:
@@ -212,13 +234,28 @@ def discover_api_url(timeout_s: float = 0.5) -> str | None:
     return info.api_url
 
 
-def start_server(port: int | None = None, timeout_s: float = 120.0) -> ServerInfo:
-    """Start the local Prefect server in the background (or return the one already running)."""
+@contextlib.contextmanager
+def starting_lock() -> Iterator[None]:
+    """Hold ``$MAT_HOME/server.lock`` (waits while another command starts a server)."""
     mat_home().mkdir(parents=True, exist_ok=True)
-    running = _adopt_running_server(timeout_s)
-    if running is not None:
-        return running
-    chosen = choose_port(port)
+    with lock_file().open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_server(port: int | None = None, timeout_s: float = START_TIMEOUT_S) -> ServerInfo:
+    """Start the local Prefect server in the background (or return the one already running)."""
+    with starting_lock():
+        running = _adopt_running_server(timeout_s)
+        if running is not None:
+            return running
+        return _start_recorded_server(choose_port(port), timeout_s)
+
+
+def _start_recorded_server(chosen: int, timeout_s: float) -> ServerInfo:
     process = _spawn_server(chosen)
     info = ServerInfo(
         pid=process.pid,
@@ -251,10 +288,13 @@ def stop_server(timeout_s: float = 15.0) -> bool:
     return stopped
 
 
-def configure_prefect_environment(env: MutableMapping[str, str] | None = None) -> str | None:
+def configure_prefect_environment(
+    env: MutableMapping[str, str] | None = None, *, discover: bool = True
+) -> str | None:
     """Point Prefect at mat's server, or at mat's home in ephemeral mode; call before importing prefect.
 
-    Returns the API URL in use, or None for ephemeral mode. An explicit PREFECT_API_URL wins.
+    Returns the API URL in use, or None for ephemeral mode. An explicit PREFECT_API_URL wins; with
+    `discover`, a running mat server is used.
     """
     env = os.environ if env is None else env
     env.setdefault("DO_NOT_TRACK", "1")
@@ -268,12 +308,75 @@ def configure_prefect_environment(env: MutableMapping[str, str] | None = None) -
     # The ephemeral server cannot create its SQLite file in a missing directory, and then
     # only reports a start-up timeout; create it up front.
     prefect_home().mkdir(parents=True, exist_ok=True)
-    url = discover_api_url()
+    url = discover_api_url() if discover else None
     if url is not None:
         env["PREFECT_API_URL"] = url
         return url
     env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     return None
+
+
+def server_mode(env: MutableMapping[str, str]) -> str:
+    """`local` (default) or `ephemeral`, from MAT_PREFECT_SERVER."""
+    mode = (env.get(MODE_VARIABLE) or "local").strip().lower()
+    if mode not in MODES:
+        raise ServerError(f"{MODE_VARIABLE}={mode!r} is not a server mode; use one of: {', '.join(MODES)}")
+    return mode
+
+
+def ensure_prefect_server(
+    announce: Callable[[str], None], env: MutableMapping[str, str] | None = None
+) -> str:
+    """The API URL a flow-running command uses, starting a server when there is none (module docstring).
+
+    `announce` is told when a server is started for the user, and how to stop it.
+    """
+    env = os.environ if env is None else env
+    ephemeral = server_mode(env) == "ephemeral"
+    url = configure_prefect_environment(env, discover=not ephemeral)
+    if url is None:
+        url = start_ephemeral_server(env) if ephemeral else start_local_server_on_first_use(announce)
+        env["PREFECT_API_URL"] = url
+    return url
+
+
+def start_local_server_on_first_use(announce: Callable[[str], None]) -> str:
+    """mat's local server: the running one, or one started now (and announced) for later commands too."""
+    with starting_lock():
+        url = discover_api_url()
+        if url is not None:
+            return url  # another command started it while this one waited for the lock
+        info = _start_recorded_server(choose_port(None), START_TIMEOUT_S)
+    announce(
+        f"Started a local Prefect server for this and later mat commands: UI {info.ui_url}, "
+        f"log {info.log_file}. Stop it with `mat server stop`."
+    )
+    return info.api_url
+
+
+def die_with_parent() -> None:
+    """In a child before exec: the kernel sends SIGTERM when the process that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_ephemeral_server(env: MutableMapping[str, str]) -> str:
+    """A server for this command only; it ends with the command, even when mat is killed."""
+    with starting_lock():
+        port = choose_port(None)
+        mat_home().mkdir(parents=True, exist_ok=True)
+        with log_file().open("ab") as log_handle:
+            process = subprocess.Popen(
+                server_command(port), cwd=mat_home(), env=server_environment(port, env),
+                stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=die_with_parent,
+            )  # fmt: skip
+        atexit.register(_terminate_group_quietly, process.pid)
+        info = ServerInfo(process.pid, port, api_url_for(port), ui_url_for(port), "", str(log_file()))
+        if not _wait_until_healthy(info, START_TIMEOUT_S, process):
+            _terminate_group_quietly(process.pid)
+            raise ServerError(_startup_failure_message(info, START_TIMEOUT_S))
+    return info.api_url
 
 
 def server_environment(port: int, base: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -317,17 +420,22 @@ def _adopt_running_server(timeout_s: float) -> ServerInfo | None:
     return None
 
 
-def _spawn_server(port: int) -> subprocess.Popen[bytes]:
-    command = [
+def server_command(port: int) -> list[str]:
+    """`prefect server start` on 127.0.0.1:`port`, telemetry off."""
+    return [
         sys.executable, "-m", "prefect", "server", "start",
         "--host", HOST, "--port", str(port), "--analytics-off",
     ]  # fmt: skip
+
+
+def _spawn_server(port: int) -> subprocess.Popen[bytes]:
+    command = server_command(port)
     prefect_home().mkdir(parents=True, exist_ok=True)
     with log_file().open("ab") as log_handle:
         log_handle.write(f"\n--- mat: starting {' '.join(command[1:])} at {datetime.now(UTC)}\n".encode())
         log_handle.flush()
         # its own session and process group: it survives the CLI and stops as a group
-        return start_in_session(command, mat_home(), log_handle, server_environment(port))
+        return start_in_session(command, mat_home(), log_handle, server_environment(port), contained=False)
 
 
 def _wait_until_healthy(info: ServerInfo, timeout_s: float, process: subprocess.Popen[bytes] | None) -> bool:
@@ -340,6 +448,11 @@ def _wait_until_healthy(info: ServerInfo, timeout_s: float, process: subprocess.
             return False
         time.sleep(0.25)
     return False
+
+
+def _terminate_group_quietly(pid: int) -> None:
+    with contextlib.suppress(ServerError):
+        _terminate_group(pid, timeout_s=10.0)
 
 
 def _terminate_group(pid: int, timeout_s: float) -> None:

@@ -10,6 +10,8 @@ import typer
 from multiagenttrainer.cli.common import JsonOption, fail, out
 from multiagenttrainer.errors import MatError
 
+STATUS_TIMEOUT_S = 5.0  # a busy machine answers slowly; a healthy server answers within this
+
 server_app = typer.Typer(help="Run a local Prefect server that later mat commands use.", no_args_is_help=True)
 
 
@@ -47,7 +49,7 @@ def server_status_command(as_json: JsonOption = False) -> None:
     """Show whether the local Prefect server is running."""
     from multiagenttrainer.cli.prefect_server import server_status
 
-    info = server_status()
+    info = server_status(timeout_s=STATUS_TIMEOUT_S)
     if as_json:
         out.print_json(data=info.to_dict() if info else {"running": False})
         return

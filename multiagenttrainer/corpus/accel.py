@@ -1,9 +1,10 @@
 """The native corpus accelerators (C, compiled at install), or None where they could not be built.
 
-`walker()` is the gitignore-aware directory walk (walk.py uses it); `encoder()` the per-file work,
-configured with the content-rule constants of filters.py, so those constants live in one place.
-The encoder only ever decides the plain cases (a valid UTF-8 text file no rule applies to);
-everything else goes through the Python rules, which stay the reference, and the corpus is
+`stat_module()` is the stat loop of directory listings and their snapshots (listing_cache.py uses
+it; it decides nothing: which files a walk lists is git's answer either way); `encoder()` the
+per-file work, configured with the content-rule constants of filters.py, so those constants live in
+one place. The encoder only ever decides the plain cases (a valid UTF-8 text file no rule applies
+to); everything else goes through the Python rules, which stay the reference, and the corpus is
 byte-identical either way.
 
 Set MAT_CORPUS_NATIVE=0 to build with the pure-Python paths (to compare, or to rule them out).
@@ -55,6 +56,6 @@ def encoder() -> ModuleType | None:
     return _configured_encoder() if native_allowed() else None
 
 
-def walker() -> ModuleType | None:
-    """The `_walk` module (native/walk.c), or None when it is not built or turned off."""
-    return _native_module("_walk") if native_allowed() else None
+def stat_module() -> ModuleType | None:
+    """The `_statfields` module (native/statfields.c), or None when it is not built or turned off."""
+    return _native_module("_statfields") if native_allowed() else None

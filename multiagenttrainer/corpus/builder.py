@@ -1,8 +1,9 @@
 """build_corpus: snapshots in, corpus.txt + corpus.jsonl + stats.json out.
 
 The build is skipped when stats.json beside the target already records the same fingerprint
-(snapshot versions and trees, corpus options, format version) and both corpus files are there
-with the sizes it records: a second `mat ingest` with nothing changed costs a file read.
+(snapshot versions and trees, corpus options, format version, the redaction rules) and both
+corpus files are there with the sizes it records: a second `mat ingest` with nothing changed
+costs a file read.
 
 Otherwise the plan (plan.py) is cut into chunks of about 1 MB that worker processes turn into
 corpus bytes (chunks.py, parallel.py; directory trees in spans they plan themselves) and write
@@ -32,6 +33,7 @@ from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
 from multiagenttrainer.corpus.chunks import ChunkJob, ChunkSettings
 from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
 from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
+from multiagenttrainer.corpus.secrets import RULESET_DIGEST
 from multiagenttrainer.corpus.stats import CorpusStats
 from multiagenttrainer.progress import IngestProgress, NullProgress
 from multiagenttrainer.snapshot import Snapshot
@@ -108,6 +110,7 @@ def corpus_fingerprint(snapshots: list[Snapshot], options: CorpusConfig, paths: 
     """A hash of everything the corpus content depends on."""
     payload = {
         "format": CORPUS_FORMAT,
+        "redaction": RULESET_DIGEST if options.redact_secrets else None,  # new rules: rebuild
         "options": options.model_dump(mode="json", exclude={"dir", "staging_dir"}),
         "snapshots": [
             {

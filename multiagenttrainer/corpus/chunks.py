@@ -12,6 +12,7 @@ result is the same for any chunking and any number of workers.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -131,9 +132,26 @@ def split_for(key: str, threshold: int) -> str:
     return SPLITS[int.from_bytes(digest[:8], "big") < threshold]
 
 
+def open_beneath(path: str) -> int:
+    """An absolute path opened without following a symbolic link in any component (the C encoder's
+    open_no_links does the same): a directory swapped for a link during the build leads nowhere."""
+    if not path.startswith("/"):
+        raise OSError(errno.EINVAL, "not an absolute path", path)
+    parts = [part for part in path.split("/") if part]
+    at = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+            os.close(at)
+            at = inner
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at)
+    finally:
+        os.close(at)
+
+
 def read_file(path: str, expected: int, limit: int) -> bytes:
     """A file's bytes; at most limit + 1 of them, so an oversized file is detected without reading it all."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd = open_beneath(path)
     try:
         want = min(expected, limit) + 1
         data = os.read(fd, want)

@@ -19,10 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from multiagenttrainer.atomic import write_bytes_atomically
 from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.history import ExperimentResult, Status
 
 RESULTS_FILE = "results.tsv"  # in the run directory, linked into the workspace
+MAX_ROW_BYTES = 1 << 20  # a torn row longer than this is not a row mat wrote
 RESULTS_HEADER = "commit\tval_bpb\tmemory_gb\tstatus\tdescription"
 STATUSES: frozenset[str] = frozenset({"keep", "discard", "crash"})
 SHORT_SHA = 7
@@ -81,19 +83,49 @@ def parse_rows(text: str) -> list[ResultRow]:
     return [row for row in map(parse_row, text.splitlines()) if row is not None]
 
 
+class ResultsTableError(ExperimentError):
+    """results.tsv holds something that is not autoresearch's table; mat will not cut or guess."""
+
+
+def torn_tail(data: bytes) -> int | None:
+    """Where a torn last row starts (no newline after it), or None when there is none.
+
+    Only a short tail after complete lines counts: one interrupted append. Anything else (a file with no
+    line at all, binary data) is left alone, so nothing mat did not write itself is ever cut away.
+    """
+    if not data or data.endswith(b"\n"):
+        return None
+    start = data.rfind(b"\n") + 1
+    if start == 0:  # a torn first line is only ever a torn header
+        return 0 if RESULTS_HEADER.encode().startswith(data) else None
+    return start if len(data) - start <= MAX_ROW_BYTES else None
+
+
 def repair_torn_line(path: Path) -> bool:
-    """Cut a last line that has no newline (a torn write) off the file; return whether it cut."""
+    """Cut a torn last row (an interrupted append) off the file; return whether it cut."""
     try:
         with path.open("r+b") as handle:
-            data = handle.read()
-            if not data or data.endswith(b"\n"):
+            start = torn_tail(handle.read())
+            if start is None:
                 return False
-            handle.truncate(data.rfind(b"\n") + 1)
+            handle.truncate(start)
             handle.flush()
             os.fsync(handle.fileno())
             return True
     except FileNotFoundError:
         return False
+
+
+def strict_rows(path: Path, text: str) -> list[ResultRow]:
+    """Every row of a results.tsv; ResultsTableError naming the first line that is not a row."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        row = parse_row(line)
+        if row is not None:
+            rows.append(row)
+        elif line.strip() and not (number == 1 and line.startswith("commit\t")):
+            raise ResultsTableError(f"{path}:{number}: not a results row: {line[:60]!r}")
+    return rows
 
 
 def ensure_header(path: Path) -> None:
@@ -109,6 +141,26 @@ def read_results(path: Path) -> list[ResultRow]:
     with locked_for_append(path):  # a writer in another process never has its line cut mid-write
         repair_torn_line(path)
         return parse_rows(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def read_ledger(path: Path) -> list[ResultRow]:
+    """The rows of a run's results.tsv for resuming it: a torn last row is cut, anything else that is
+    not a row is a ResultsTableError (the file is never rewritten on a guess)."""
+    if not path.exists():
+        return []
+    with locked_for_append(path):
+        repair_torn_line(path)
+        data = path.read_bytes()
+    try:
+        return strict_rows(path, data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ResultsTableError(f"{path}: not text (byte {exc.start} is not UTF-8)") from None
+
+
+def rewrite_results(path: Path, rows: list[ExperimentResult | ResultRow]) -> None:
+    """Replace results.tsv with the header and these rows (atomically)."""
+    text = RESULTS_HEADER + "\n" + "".join(format_row(row) for row in rows)
+    write_bytes_atomically(path, text.encode("utf-8"))
 
 
 def append_result(path: Path, result: ExperimentResult | ResultRow) -> None:

@@ -19,19 +19,25 @@ Run directory layout (`<training.output_dir>/<run_id>/`):
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import TypeAdapter, ValidationError
+
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
+from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 Phase = Literal["setup", "agent", "training", "scoring", "recording", "report"]
 RUN_FILE = "run.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -115,9 +121,42 @@ class RunState:
         write_json_atomically(run_dir / RUN_FILE, self.to_dict())
 
 
+class RunStateError(ExperimentError):
+    """run.json cannot be read back: missing, not JSON, or not the shape mat writes."""
+
+
+_RUN_STATE: TypeAdapter[RunState] = TypeAdapter(RunState)
+
+
+def parse_run_state(data: Any, path: Path) -> RunState:
+    """Validate run.json's content field by field (it may have been damaged, or written by anyone)."""
+    if not isinstance(data, dict):
+        raise RunStateError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    known = {k: v for k, v in data.items() if k in RunState.__dataclass_fields__}
+    try:
+        return _RUN_STATE.validate_python(known, strict=False)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()[:5]
+        )
+        raise RunStateError(f"{path}: {problems}") from None
+
+
 def load_run(run_dir: Path) -> RunState:
-    """Read a run's state."""
-    return RunState.from_dict(json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8")))
+    """Read a run's state; RunStateError (naming the file and the problem) when it cannot be."""
+    path = run_dir / RUN_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+    except FileNotFoundError:
+        raise RunStateError(f"{path}: no run state here") from None
+    except UnicodeDecodeError as exc:
+        raise RunStateError(f"{path}: not text (byte {exc.start} is not UTF-8)") from None
+    except json.JSONDecodeError as exc:
+        raise RunStateError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except OSError as exc:
+        raise RunStateError(f"{path}: cannot be read ({exc.strerror})") from None
+    return parse_run_state(data, path)
 
 
 def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:
@@ -126,8 +165,8 @@ def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:
     for run_file in sorted(Path(output_dir).glob(f"*/{RUN_FILE}")):
         try:
             runs.append((run_file.parent, load_run(run_file.parent)))
-        except (OSError, ValueError, TypeError):
-            continue
+        except RunStateError as exc:
+            log.warning("skipping a run that cannot be read: %s", exc)
     return sorted(runs, key=lambda item: item[1].created_at)
 
 

@@ -36,10 +36,12 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
+from pydantic import ValidationError
+
 from multiagenttrainer.agents.base import Agent
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
-from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.errors import DiskFullError, ExperimentError, disk_full_error, is_disk_full
 from multiagenttrainer.execution.base import Executor
 from multiagenttrainer.experiments.guard import Guard
 from multiagenttrainer.experiments.loop import (
@@ -50,13 +52,27 @@ from multiagenttrainer.experiments.loop import (
     check_stop,
     run_experiment,
 )
-from multiagenttrainer.experiments.results import RESULTS_FILE, ResultRow, link_results, read_results
-from multiagenttrainer.experiments.run_state import RUN_FILE, CurrentExperiment, RunState, RunStatus, load_run
+from multiagenttrainer.experiments.results import (
+    RESULTS_FILE,
+    ResultRow,
+    ResultsTableError,
+    link_results,
+    read_ledger,
+    rewrite_results,
+)
+from multiagenttrainer.experiments.run_state import (
+    RUN_FILE,
+    CurrentExperiment,
+    RunState,
+    RunStateError,
+    RunStatus,
+    load_run,
+)
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.evaluator import load_evaluator
-from multiagenttrainer.workspace.setup import Workspace, clone_credentials, setup_workspace
+from multiagenttrainer.workspace.setup import Workspace, clone_credentials, reopen_workspace, setup_workspace
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +137,11 @@ def recovered_result(workspace: Path, experiment_id: int, row: ResultRow) -> Exp
 
 
 def reconcile_experiments(state: RunState, rows: list[ResultRow], workspace: Path) -> list[str]:
-    """Make run.json's experiments match results.tsv row by row; return what changed, for the log."""
+    """Make run.json's experiments match results.tsv row by row; return what changed, for the log.
+
+    results.tsv is written first, so its rows are the truth where both have a row; experiments that
+    run.json knows beyond the last row (the table lost them) are kept, never dropped.
+    """
     changes: list[str] = []
     kept: list[ExperimentResult] = []
     for index, row in enumerate(rows):
@@ -131,9 +151,10 @@ def reconcile_experiments(state: RunState, rows: list[ResultRow], workspace: Pat
         else:
             kept.append(recovered_result(workspace, index, row))
             changes.append(f"experiment {index} taken from results.tsv")
-    if len(state.experiments) > len(rows):
-        changes.append(f"{len(state.experiments) - len(rows)} experiments without a results.tsv row dropped")
-    state.experiments = kept
+    lost = state.experiments[len(rows) :]
+    if lost:
+        changes.append(f"{len(lost)} experiments missing from results.tsv restored from run.json")
+    state.experiments = kept + lost
     return changes
 
 
@@ -158,13 +179,39 @@ def reconcile_run(run_dir: Path, state: RunState, workspace: Workspace) -> None:
     guard = Guard(workspace, evaluator)
     for undone in guard.secure_git():  # before any git command reads what the last agent left
         log.info("resume %s: put back mat's %s", state.run_id, undone.path)
-    rows = read_results(run_dir / RESULTS_FILE)  # also cuts a torn last line
-    for change in reconcile_experiments(state, rows, workspace.path):
+    table = run_dir / RESULTS_FILE
+    try:
+        rows = read_ledger(table)  # also cuts a torn last row
+    except ResultsTableError as exc:
+        raise ResultsTableError(
+            f"{exc} (run {state.run_id}: run.json holds {state.done} experiments). Move the damaged file "
+            f"aside (mv {table} {table}.damaged) and resume again: mat writes the table back from run.json"
+        ) from None
+    changes = reconcile_experiments(state, rows, workspace.path)
+    for change in changes:
         log.info("resume %s: %s", state.run_id, change)
+    if len(state.experiments) > len(rows):
+        rewrite_results(table, list(state.experiments))
     link_results(run_dir, workspace.path)
     target = reset_to_best(state, workspace, guard)
     state.current = []
-    log.info("resume %s: %d experiments done, workspace at %s", state.run_id, len(rows), target[:7])
+    log.info("resume %s: %d experiments done, workspace at %s", state.run_id, state.done, target[:7])
+
+
+def recorded_config(run_dir: Path, state: RunState) -> tuple[AutoresearchConfig, TrainingConfig]:
+    """The config sections a run recorded in run.json, validated again."""
+    try:
+        return (
+            AutoresearchConfig.model_validate(state.config.get("autoresearch", {})),
+            TrainingConfig.model_validate(state.config.get("training", {})),
+        )
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise RunStateError(
+            f"{run_dir / RUN_FILE}: its config record is damaged ({where}: {problem['msg']}); "
+            "the run cannot be resumed, start a new one with `mat train`"
+        ) from None
 
 
 def still_running(state: RunState) -> bool:
@@ -181,11 +228,14 @@ def still_running(state: RunState) -> bool:
 
 
 def stop_processes(workspace: Path) -> None:
-    """Kill whatever this run started: training commands and anything still running in the workspace."""
+    """Kill whatever this run started: training commands, anything still running in the workspace, and
+    what a killed mat left in its process scopes."""
     from multiagenttrainer.execution.local import terminate_processes_in, terminate_running_groups
+    from multiagenttrainer.processes import stop_orphaned_scopes
 
     terminate_running_groups()
     terminate_processes_in(workspace)
+    stop_orphaned_scopes()
 
 
 _active_runs: dict[int, tuple[threading.Event, Path]] = {}  # id -> (stop flag, workspace), for SIGTERM
@@ -289,7 +339,10 @@ class Runner:
         run_dir, state = self._require_run()
         state.status, state.error, state.current = status, error, []
         state.finished_at = now_iso()
-        state.save(run_dir)
+        try:
+            state.save(run_dir)
+        except OSError as exc:  # a full disk: run.json keeps `running`, which reads as interrupted once
+            log.error("could not record how run %s ended: %s", state.run_id, exc)  # this process exits
 
     def setup_workspace(self, corpus_path: str | Path, env: dict[str, str] | None = None) -> Workspace:
         """Create the run directory and its workspace from a corpus (dir, corpus.txt or corpus.jsonl)."""
@@ -408,7 +461,7 @@ class Runner:
         if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
             self.interrupt(loop)
             self.end(loop, "interrupted", "interrupted")
-        elif isinstance(error, RunInterrupted):
+        elif isinstance(error, (RunInterrupted, DiskFullError)):  # both can be resumed as they are
             self.end(loop, "interrupted", str(error))
         else:
             self.end(loop, "failed", describe_error(error))
@@ -459,13 +512,18 @@ class Runner:
         run_dir = find_run_dir(
             run_id, Path(output_dir if output_dir is not None else TrainingConfig().output_dir)
         )
-        state = load_run(run_dir)
+        try:
+            state = load_run(run_dir)
+        except RunStateError as exc:
+            raise RunStateError(
+                f"{exc}. Run {run_id} cannot be resumed without its state: restore run.json, or start a new "
+                f"run with `mat train` (the results so far stay in {run_dir / RESULTS_FILE})"
+            ) from None
         if still_running(state):
             raise ExperimentError(f"run {state.run_id} is still running (pid {state.pid}); stop it first")
         if not state.workspace:
             raise ExperimentError(f"run {state.run_id} never finished its set-up; start a new run instead")
-        autoresearch = AutoresearchConfig.model_validate(state.config.get("autoresearch", {}))
-        training = TrainingConfig.model_validate(state.config.get("training", {}))
+        autoresearch, training = recorded_config(run_dir, state)
         runner = cls(
             autoresearch,
             training,
@@ -476,7 +534,7 @@ class Runner:
             on_result=on_result,
             options=options,
         )
-        workspace = Workspace.from_dict(state.workspace)
+        workspace = reopen_workspace(run_dir, state.workspace)
         stop_processes(workspace.path)  # a SIGKILLed mat leaves its training process running
         reconcile_run(run_dir, state, workspace)
         state.status, state.pid, state.host = "running", os.getpid(), socket.gethostname()
@@ -501,10 +559,28 @@ def run_loop(runner: Runner, loop: Loop, step: Step) -> None:
         while runner.has_next(loop):
             check_stop(loop)
             step(loop, len(loop.state.experiments))
+    except OSError as exc:
+        if not is_disk_full(exc):
+            runner.abort(loop, exc)
+            raise
+        full = disk_full_error(exc, loop.run_dir, space_for_an_experiment(loop), resume_hint(loop))
+        runner.abort(loop, full)
+        raise full from None
     except BaseException as exc:
         runner.abort(loop, exc)
         raise
     runner.end(loop, "completed")
+
+
+def resume_hint(loop: Loop) -> str:
+    return f"`mat train --resume {loop.state.run_id}`"
+
+
+def space_for_an_experiment(loop: Loop) -> int:
+    """Twice what the largest experiment so far wrote to its logs (a floor applies in disk_full_error)."""
+    logs = loop.run_dir / "logs"
+    sizes = [path.stat().st_size for path in logs.glob("exp-*")] if logs.is_dir() else []
+    return 2 * max(sizes, default=0)
 
 
 def drive(runner: Runner, workspace: Workspace, max_experiments: int | None, step: Step) -> None:

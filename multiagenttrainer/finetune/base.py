@@ -3,6 +3,10 @@
 A backend turns the corpus into its own dataset format, starts a job, reports its status and
 cancels it. Job records are JSON files written atomically, one per job, in a subdirectory per
 target, so `mat finetune list/status/cancel` work from any process.
+
+Record files are read as untrusted input: one that is not JSON, too large, or has a missing,
+null or wrong-typed field is skipped (and reported by the caller, naming the file), so one bad
+file never breaks `list` or the `status` of another job.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import json
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
@@ -20,6 +26,8 @@ from multiagenttrainer.errors import BackendError
 JobStatus = Literal["pending", "running", "completed", "failed", "cancelled"]
 FINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_TARGET = "default"
+MAX_RECORD_BYTES = 1 << 20  # a record is a few KB
+ProcessId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 @dataclass
@@ -42,18 +50,50 @@ class JobRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     progress: dict[str, Any] = field(default_factory=dict)  # step, total_steps, loss, tokens_per_s, eta_s
     error: str | None = None
-    pid: int | None = None
+    pid: ProcessId | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+    def from_dict(cls, data: Any) -> JobRecord:
+        """A record from its JSON form; ValueError naming each missing or wrong-typed field."""
+        try:
+            return _RECORD.validate_python(data)
+        except ValidationError as exc:
+            problems = [
+                f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg'].lower()}" for e in exc.errors()
+            ]
+            raise ValueError("; ".join(problems[:3])) from None
 
     @property
     def finished(self) -> bool:
         return self.status in FINAL_STATUSES
+
+
+_RECORD: TypeAdapter[JobRecord] = TypeAdapter(JobRecord)
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A record file that could not be read, and why."""
+
+    path: Path
+    reason: str
+
+    @property
+    def warning(self) -> str:
+        return f"{self.path}: not a valid job record ({self.reason}); skipped; restore it or delete it"
+
+
+def read_record(path: Path) -> JobRecord:
+    """The record in one file; ValueError or OSError saying what is wrong with it."""
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise ValueError(f"larger than {MAX_RECORD_BYTES // 1024} KiB")
+    data = json.loads(path.read_bytes())
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return JobRecord.from_dict(data)
 
 
 class JobStore:
@@ -75,21 +115,37 @@ class JobStore:
         write_json_atomically(self.path_for(record), record.to_dict())
         return record
 
-    def all(self) -> list[JobRecord]:
-        """Every job, oldest first; unreadable files are skipped."""
-        records = []
-        for path in self.jobs_dir.glob("*/*.json"):
+    def scan(self) -> tuple[list[JobRecord], list[SkippedRecord]]:
+        """Every readable job, oldest first, and every record file that could not be read."""
+        records: list[JobRecord] = []
+        skipped: list[SkippedRecord] = []
+        for path in sorted(self.jobs_dir.glob("*/*.json")):
             try:
-                records.append(JobRecord.from_dict(json.loads(path.read_text(encoding="utf-8"))))
-            except (OSError, ValueError, TypeError):
-                continue
-        return sorted(records, key=lambda r: r.created_at)
+                records.append(read_record(path))
+            except OSError as exc:
+                skipped.append(SkippedRecord(path, exc.strerror or type(exc).__name__))
+            except ValueError as exc:  # not JSON, not UTF-8, or a bad field
+                skipped.append(SkippedRecord(path, str(exc) or type(exc).__name__))
+            except RecursionError:
+                skipped.append(SkippedRecord(path, "JSON nested too deeply"))
+        return sorted(records, key=lambda r: r.created_at), skipped
+
+    def all(self) -> list[JobRecord]:
+        """Every readable job, oldest first (see `scan` for the files that were skipped)."""
+        return self.scan()[0]
 
     def get(self, job_id: str) -> JobRecord:
-        """The job with this id (or Bedrock ARN); BackendError naming `mat finetune list` if unknown."""
-        for record in self.all():
+        """The job with this id (or Bedrock ARN); BackendError naming the fix when unknown or unreadable."""
+        records, skipped = self.scan()
+        for record in records:
             if job_id in (record.id, record.external_id):
                 return record
+        for bad in skipped:
+            if bad.path.stem == safe_name(job_id):
+                raise BackendError(
+                    f"job {job_id}: its record {bad.path} cannot be read ({bad.reason}); "
+                    "restore the file or delete it"
+                )
         raise BackendError(
             f"no fine-tuning job {job_id!r} in {self.jobs_dir}; `mat finetune list` shows the jobs"
         )

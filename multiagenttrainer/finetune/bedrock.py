@@ -32,7 +32,7 @@ from botocore.exceptions import (
 )
 
 from multiagenttrainer.config import BedrockConfig
-from multiagenttrainer.corpus.records import corpus_jsonl_path, iter_corpus_records
+from multiagenttrainer.corpus.records import iter_training_records
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
 from multiagenttrainer.finetune.base import (
     DEFAULT_TARGET,
@@ -243,7 +243,7 @@ class BedrockFineTuner(FineTuner):
         builder = RECORD_BUILDERS[self.cfg.customization_type]
         limit = char_limit(self.cfg.batch_size)
         splits: dict[str, list[dict[str, str]]] = {"train": [], "val": []}
-        for _, record in iter_corpus_records(corpus):
+        for record in iter_training_records(corpus):
             split = "val" if record.get("split") == "val" else "train"
             splits[split].extend(builder(record, limit))
         return splits
@@ -251,7 +251,7 @@ class BedrockFineTuner(FineTuner):
     def prepare_dataset(self, corpus_path: Path) -> PreparedDataset:
         """Corpus -> JSONL records -> S3 under training_data_s3_uri/<dataset id>/."""
         location = parse_s3_uri(self.required("training_data_s3_uri"), "training_data_s3_uri")
-        splits = self.build_records(corpus_jsonl_path(corpus_path))
+        splits = self.build_records(corpus_path)
         if not splits["train"]:
             raise CorpusError(f"the corpus at {corpus_path} has no training text; ingest some sources first")
         dataset_id = (

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from multiagenttrainer.finetune.base import JobRecord
 
@@ -21,6 +23,11 @@ def format_seconds(seconds: Any) -> str:
     if hours:
         return f"{hours}h{minutes:02d}m"
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def whole_number(value: Any) -> int | None:
+    """A recorded count as an int; None when it is missing or not a number."""
+    return int(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def format_number(value: Any, digits: int = 4) -> str:
@@ -68,8 +75,8 @@ class FinetuneProgress:
 
     def update(self, record: JobRecord) -> None:
         """Move one job's bar to its recorded step."""
-        step = int(record.progress.get("step", 0) or 0)
-        total = record.progress.get("total_steps") or None
+        step = whole_number(record.progress.get("step")) or 0
+        total = whole_number(record.progress.get("total_steps"))
         if record.id not in self.bars:
             self.bars[record.id] = self.progress.add_task("", total=total, target=record.target, detail="")
         self.progress.update(self.bars[record.id], completed=step, total=total, detail=progress_text(record))
@@ -87,9 +94,10 @@ def render_jobs_table(console: Console, records: list[JobRecord]) -> None:
     """The jobs as a table: id, target, backend, model, status, created, eval loss before/after."""
     table = Table("id", "target", "backend", "model", "status", "created", "eval loss before", "after",
                   box=None, header_style="bold")  # fmt: skip
-    for record in records:
-        table.add_row(record.id, record.target, record.backend, record.model, record.status,
-                      record.created_at, eval_loss(record, "before"), eval_loss(record, "after"))  # fmt: skip
+    for record in records:  # Text: a record's strings are shown as written, never read as markup
+        cells = (record.id, record.target, record.backend, record.model, record.status, record.created_at,
+                 eval_loss(record, "before"), eval_loss(record, "after"))  # fmt: skip
+        table.add_row(*map(Text, cells))
     console.print(table)
 
 
@@ -103,7 +111,7 @@ def render_job(console: Console, record: JobRecord) -> None:
     }  # fmt: skip
     for key, value in lines.items():
         if value:
-            console.print(f"{key:>11}: {value}")
+            console.print(f"{key:>11}: {value}", markup=False)
     for when in ("before", "after"):
         if eval_loss(record, when) != "-":
             console.print(f"{'eval ' + when:>11}: {eval_loss(record, when)}")

@@ -24,7 +24,7 @@ import xxhash
 from multiagenttrainer.atomic import write_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import OpenSourceConfig
-from multiagenttrainer.corpus.records import corpus_jsonl_path, iter_corpus_records
+from multiagenttrainer.corpus.records import corpus_file, iter_training_records
 from multiagenttrainer.errors import BackendError, ConfigError, CorpusError
 from multiagenttrainer.finetune.base import (
     DEFAULT_TARGET,
@@ -72,8 +72,8 @@ def cuda_available() -> bool:
 
 
 def read_corpus_records(corpus_path: Path) -> list[dict[str, Any]]:
-    """The records of corpus.jsonl (given directly, or the one beside corpus.txt or in a corpus folder)."""
-    return [record for _, record in iter_corpus_records(corpus_jsonl_path(corpus_path))]
+    """The records of corpus.jsonl (given, in a corpus folder, beside corpus.txt) or of a plain text file."""
+    return list(iter_training_records(corpus_path))
 
 
 def split_texts(records: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -179,11 +179,11 @@ class OpenSourceFineTuner(FineTuner):
 
     def prepare_dataset(self, corpus_path: Path) -> PreparedDataset:
         """Write train.jsonl / val.jsonl of `text` records under <output_dir>/datasets/<corpus hash>/."""
-        jsonl = corpus_jsonl_path(corpus_path)
-        train, val = split_texts(read_corpus_records(jsonl))
+        source = corpus_file(corpus_path)
+        train, val = split_texts(read_corpus_records(source))
         if not train:
-            raise CorpusError(f"{jsonl} has no training text; check the sources and run `mat ingest` again")
-        digest = xxhash.xxh64(jsonl.read_bytes()).hexdigest()
+            raise CorpusError(f"{source} has no training text; check the sources and run `mat ingest` again")
+        digest = xxhash.xxh64(source.read_bytes()).hexdigest()
         folder = self.output_dir / "datasets" / digest
         write_text_jsonl(folder / "train.jsonl", train)
         write_text_jsonl(folder / "val.jsonl", val)
@@ -191,7 +191,7 @@ class OpenSourceFineTuner(FineTuner):
             location=str(folder),
             train_records=len(train),
             val_records=len(val),
-            details={"format": "text", "corpus": str(jsonl), "train_chars": sum(map(len, train))},
+            details={"format": "text", "corpus": str(source), "train_chars": sum(map(len, train))},
         )
 
     def start_job(self, dataset: PreparedDataset, job_name: str, job_id: str | None = None) -> JobRecord:
@@ -309,6 +309,7 @@ def run_training(tuner: OpenSourceFineTuner, record: JobRecord, dataset: Prepare
             f"job {record.id}: no train.jsonl records in {dataset.location}; prepare the dataset again"
         )
     tokenizer, model = load_base(cfg)
+    check_one_sequence(tokenizer, train_texts, record.id)
     args = build_sft_config(cfg, job_dir / CHECKPOINTS_DIR, has_eval=bool(val_texts))
     trainer = SFTTrainer(
         model=model,
@@ -331,6 +332,20 @@ def run_training(tuner: OpenSourceFineTuner, record: JobRecord, dataset: Prepare
     trainer.save_model(str(job_dir))
     tokenizer.save_pretrained(str(job_dir))
     return "completed"
+
+
+def check_one_sequence(tokenizer: Any, texts: list[str], job_id: str) -> None:
+    """BackendError when the training text is too small for one sequence (2 tokens: an input and its next)."""
+    tokens = 0
+    eos = 0 if tokenizer.eos_token_id is None else 1  # each text ends with EOS when there is one
+    for text in texts:
+        tokens += len(tokenizer(text, add_special_tokens=False)["input_ids"]) + eos
+        if tokens >= 2:
+            return
+    raise BackendError(
+        f"job {job_id}: the training text is too small for one training sequence: it makes {tokens} "
+        "tokens and a sequence needs 2 (an input and the token after it); add text to the corpus"
+    )
 
 
 def last_checkpoint(checkpoints: Path) -> str | None:

@@ -29,7 +29,7 @@ from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import Config, OpenSourceConfig, expand_path
 from multiagenttrainer.errors import ConfigError, CorpusError, MatError
-from multiagenttrainer.finetune.base import JobRecord, JobStore
+from multiagenttrainer.finetune.base import JobRecord, JobStore, SkippedRecord
 from multiagenttrainer.finetune.registry import ResolvedTarget, make_finetuner, resolve_targets, select_target
 
 ProgressCallback = Callable[[list[JobRecord]], None]
@@ -299,9 +299,9 @@ def watch_until(
 # --------------------------------------------------------------------------- existing jobs
 
 
-def list_jobs(cfg: Config) -> list[JobRecord]:
-    """Every job record, oldest first."""
-    return jobs_store(cfg).all()
+def list_jobs(cfg: Config) -> tuple[list[JobRecord], list[SkippedRecord]]:
+    """Every readable job record, oldest first, and the record files that could not be read."""
+    return jobs_store(cfg).scan()
 
 
 def backend_for_record(cfg: Config, record: JobRecord, store: JobStore) -> ResolvedTarget:

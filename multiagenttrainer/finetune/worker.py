@@ -55,15 +55,20 @@ def note_worker_pid(store: JobStore, job_id: str) -> None:
 
 
 def save_failure(store: JobStore, target: ResolvedTarget, args: argparse.Namespace, error: str) -> None:
-    """A failed record for a job that ended before (or while) training, unless one is already final."""
+    """A failed record, with the error, for a job that ended before (or while) training.
+
+    A record already final keeps its own outcome, but gains the error if it has none.
+    """
     try:
         record = store.get(args.job_id)
     except MatError:
         assert isinstance(target.config, OpenSourceConfig)
         record = JobRecord(id=args.job_id, backend=target.backend, target=target.name,
-                           model=target.config.model_id, status="failed", name=args.name)  # fmt: skip
+                           model=target.config.model_id, status="pending", name=args.name)  # fmt: skip
     if not record.finished:
-        record.status, record.error, record.finished_at, record.pid = "failed", error, now_iso(), None
+        record.status, record.finished_at, record.pid = "failed", now_iso(), None
+    if record.status == "failed" and not record.error:
+        record.error = error
     record.metrics = {**record.metrics, "worker_pid": os.getpid()}
     store.save(record)
 
@@ -82,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         save_failure(store, target, args, str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # an unexpected failure still ends as a failed record with its reason
+        save_failure(store, target, args, f"{type(exc).__name__}: {exc}")
+        raise
     note_worker_pid(store, record.id)
     return 0
 

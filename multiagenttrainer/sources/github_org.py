@@ -1,8 +1,14 @@
 """The github_org source: the repositories of a GitHub (or GitHub Enterprise) organisation.
 
 Repositories are listed with PyGithub, page by page, stopping as soon as `max_repos` are seen.
-Each one is then cloned like a remote_repo (bare, shallow, one branch). A repository that cannot
-be cloned becomes a warning on the snapshot; the source fails only when none can be cloned.
+Each one is then cloned like a remote_repo (bare, shallow, one branch).
+
+The API's answers are untrusted: a repository is cloned only when its name is `owner/repo`, its
+default branch a valid branch name, and its clone URL the repository's own http(s) URL on the
+GitHub host (`github.web_url`: same scheme, host and port, no credentials). Anything else (a
+`file://` URL, another host, ssh) is refused and named in a warning. Refused repositories and
+those that cannot be cloned are the snapshot's `failures`, so the ingest exits 1 while the
+corpus keeps the others; the source itself fails only when none can be cloned.
 
 Rate limits: PyGithub waits for a reset that is near; when the wait would exceed
 MAX_RATE_LIMIT_WAIT_S the source fails at once with the reset time and what to change.
@@ -24,10 +30,13 @@ from itertools import islice
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
+from dulwich.refs import Ref, check_ref_format
 from github import Auth, Github, GithubException, GithubRetry
 from github.GithubException import (
+    BadAttributeException,
     BadCredentialsException,
     RateLimitExceededExceedsMaxWait,
     RateLimitExceededException,
@@ -41,8 +50,20 @@ from urllib3.util.retry import Retry
 from multiagenttrainer.config import GithubOrgSource
 from multiagenttrainer.errors import SourceError, TransientSourceError
 from multiagenttrainer.sources.base import Snapshot, SourceContext, SourceInfo, Tree
-from multiagenttrainer.sources.git import GitCredentials, GitFetchError, clone_or_update, remote_head
-from multiagenttrainer.sources.github_urls import github_auth_hint, github_credentials, source_error
+from multiagenttrainer.sources.git import (
+    GitCredentials,
+    GitFetchError,
+    clone_or_update,
+    redact_url,
+    remote_head,
+)
+from multiagenttrainer.sources.github_urls import (
+    github_auth_hint,
+    github_credentials,
+    is_http_url,
+    same_origin,
+    source_error,
+)
 
 log = logging.getLogger(__name__)
 # PyGithub attaches its own stderr handler at INFO and logs every retried request through it,
@@ -50,10 +71,11 @@ log = logging.getLogger(__name__)
 logging.getLogger("github").setLevel(logging.WARNING)
 
 PAGE_SIZE = 100  # GitHub's maximum; fewer requests per org
-API_RETRIES = 3  # for 5xx, connection errors and short rate-limit waits
+RATE_LIMIT_WAITS = 1  # PyGithub may wait out one short rate limit; failures are retried by SOURCE_RETRY
 MAX_RATE_LIMIT_WAIT_S = 30  # beyond this, fail with the reset time instead of sleeping
 GIT_WORKERS = 4  # concurrent ls-remote / clone calls per org
 ORG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+FULL_NAME = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 T = TypeVar("T")
 
@@ -69,7 +91,13 @@ class OrgRepo:
 
     @classmethod
     def from_github(cls, repo: Repository) -> OrgRepo:
-        return cls(repo.full_name, repo.clone_url, repo.default_branch or None, repo.size or 0)
+        """The fields mat uses; BadAttributeException when the API sent a wrong type."""
+        return cls(repo.full_name or "", repo.clone_url or "", repo.default_branch or None, repo.size or 0)
+
+    @property
+    def label(self) -> str:
+        """The name for messages: `owner/repo`, or the API's text quoted when it is not that shape."""
+        return self.full_name if FULL_NAME.fullmatch(self.full_name) else repr(self.full_name[:100])
 
     @property
     def staging_name(self) -> str:
@@ -85,6 +113,43 @@ def org_from_url(url: str, web_url: str) -> str | None:
         return None
     rest = url[len(prefix) :].removesuffix("/")
     return rest if ORG_NAME.fullmatch(rest) else None
+
+
+def refusal(repo: OrgRepo, org: str, web_url: str) -> str | None:
+    """Why mat will not clone this repository as the API described it, or None when it may."""
+    if not FULL_NAME.fullmatch(repo.full_name):
+        return "the GitHub API gave it an invalid name; refused"
+    if repo.full_name.split("/")[0].lower() != org.lower():
+        return f"the GitHub API listed it, but it is not in organisation {org!r}; refused"
+    branch = repo.default_branch
+    if branch is not None and not check_ref_format(Ref(f"refs/heads/{branch}".encode())):
+        return f"the GitHub API gave an invalid default branch {branch[:100]!r}; refused"
+    problem = clone_url_problem(repo.clone_url, repo.full_name, web_url)
+    if problem is None:
+        return None
+    return (
+        f"refused the clone URL {redact_url(repo.clone_url)[:200]!r} from the GitHub API: {problem}; "
+        f"only {web_url}/{repo.full_name}.git is cloned (check github.web_url and github.api_url)"
+    )
+
+
+def clone_url_problem(clone_url: str, full_name: str, web_url: str) -> str | None:
+    """What is wrong with a clone URL for `full_name` on the GitHub host, or None when it is its own."""
+    try:
+        parts = urlsplit(clone_url)
+        has_credentials = parts.username is not None or parts.password is not None
+    except ValueError:
+        return "it is not a valid URL"
+    if not is_http_url(clone_url):
+        return f"{parts.scheme or 'no'} scheme, not http(s)"
+    if has_credentials:
+        return "it carries credentials"
+    if not same_origin(clone_url, web_url):
+        return f"it is not on {web_url}"
+    expected = f"{urlsplit(web_url).path.rstrip('/')}/{full_name}".lower()
+    if parts.query or parts.fragment or parts.path.lower().removesuffix(".git") != expected:
+        return f"it is not the URL of {full_name}"
+    return None
 
 
 def version_of(pairs: list[tuple[str, str]]) -> str:
@@ -140,6 +205,19 @@ class BoundedGithubRetry(GithubRetry):
         return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
+def rate_limit_waits_only() -> BoundedGithubRetry:
+    """PyGithub's retry object, limited to waiting out one short rate limit (403/429 with a reset).
+
+    Server errors and lost connections are not retried here: they become TransientSourceError, and the
+    one retry policy of a source fetch (retry.SOURCE_RETRY, applied by the ingest stage or its Prefect
+    task) tries again, so attempts never multiply.
+    """
+    return BoundedGithubRetry(
+        total=RATE_LIMIT_WAITS, connect=0, read=0, other=0, redirect=0,
+        status_forcelist=[429], max_rate_limit_wait=MAX_RATE_LIMIT_WAIT_S,
+    )  # fmt: skip
+
+
 class GithubOrg:
     """Every repository (up to max_repos) of one organisation, each cloned at its default branch."""
 
@@ -156,26 +234,33 @@ class GithubOrg:
 
     def resolve(self) -> str:
         """A hash of every listed repository's name and current default-branch commit."""
-        outcomes = self._for_each(self.list_repos(), self._remote_sha)
-        return version_of([(repo.full_name, self._sha_or_marker(result)) for repo, result in outcomes])
+        usable, refused = self._screen(self.list_repos())
+        outcomes = self._for_each(usable, self._remote_sha)
+        pairs = [(repo.full_name, self._sha_or_marker(result)) for repo, result in outcomes]
+        return version_of(pairs + [(repo.full_name, "refused") for repo in refused])
 
     def fetch(self, staging: Path) -> Snapshot:
-        """Clone or update every listed repository under `staging`; failures become warnings."""
+        """Clone or update every listed repository under `staging`; those that fail are `failures`."""
         repos = self.list_repos()
+        usable, refused = self._screen(repos)
         staging.mkdir(parents=True, exist_ok=True)
-        self._remove_departed(staging, repos)
-        outcomes = self._for_each(repos, lambda repo: self._clone(repo, staging))
+        self._remove_departed(staging, usable)
+        outcomes = self._for_each(usable, lambda repo: self._clone(repo, staging))
         trees = [
             Tree(repo=repo.full_name, kind="git", path=str(staging / repo.staging_name), commit=result)
             for repo, result in outcomes
             if isinstance(result, str)
         ]
-        failures = [(repo, result) for repo, result in outcomes if isinstance(result, GitFetchError)]
-        warnings = [self._warning(repo, error) for repo, error in failures]
-        for warning in warnings:
-            log.warning("source %r: %s", self.name, warning)
+        errors = [(repo, result) for repo, result in outcomes if isinstance(result, GitFetchError)]
+        empty = [(repo, error) for repo, error in errors if self._is_empty(repo, error)]
+        failures = [f"{repo.label}: {refused[repo]}" for repo in refused]
+        failures += [self._failure(repo, error) for repo, error in errors if (repo, error) not in empty]
+        warnings = [f"{repo.label}: empty repository (no commits); skipped" for repo, _ in empty]
+        for line in failures + warnings:
+            log.warning("source %r: %s", self.name, line)
         if not trees:
-            raise self._all_failed(len(repos), warnings, all(error.transient for _, error in failures))
+            transient = bool(errors) and not refused and all(error.transient for _, error in errors)
+            raise self._all_failed(len(repos), failures + warnings, transient)
         return Snapshot(
             source=self.name,
             type="github_org",
@@ -184,7 +269,24 @@ class GithubOrg:
             include=list(self.cfg.include),
             exclude=list(self.cfg.exclude),
             warnings=warnings,
+            failures=failures,
         )
+
+    def _screen(self, repos: list[OrgRepo]) -> tuple[list[OrgRepo], dict[OrgRepo, str]]:
+        """The repositories mat may clone, and the refused ones with the reason."""
+        usable: list[OrgRepo] = []
+        refused: dict[OrgRepo, str] = {}
+        taken: set[str] = set()  # staging names: two entries must not share a clone directory
+        for repo in dict.fromkeys(repos):  # an entry repeated while pages shifted counts once
+            reason = refusal(repo, self._require_org(), self.ctx.github.web_url)
+            if reason is None and repo.staging_name in taken:
+                reason = "the GitHub API listed it twice, differently; the second entry is refused"
+            if reason is None:
+                usable.append(repo)
+                taken.add(repo.staging_name)
+            else:
+                refused[repo] = reason
+        return usable, refused
 
     def _remove_departed(self, staging: Path, repos: list[OrgRepo]) -> None:
         """Remove the clones of repositories no longer listed (deleted, renamed, made private, or past
@@ -206,7 +308,7 @@ class GithubOrg:
         try:
             listing = client.get_organization(org).get_repos(type=self.cfg.visibility)
             repos = [OrgRepo.from_github(repo) for repo in islice(listing, self.cfg.max_repos)]
-        except (GithubException, requests.RequestException) as exc:
+        except (GithubException, BadAttributeException, requests.RequestException) as exc:
             raise self._api_error(exc) from exc
         finally:
             client.close()
@@ -222,7 +324,7 @@ class GithubOrg:
             per_page=PAGE_SIZE,
             seconds_between_requests=None,
             lazy=True,
-            retry=BoundedGithubRetry(total=API_RETRIES, max_rate_limit_wait=MAX_RATE_LIMIT_WAIT_S),
+            retry=rate_limit_waits_only(),
             timeout=max(1, math.ceil(self.ctx.timeout_s)),
         )
 
@@ -296,14 +398,21 @@ class GithubOrg:
             )
         if status >= 500:
             return self._error(
-                f"GitHub API error {status} for organisation {self.org!r}; try again later", True
+                f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors "
+                f"({status} for organisation {self.org!r}); try again later",
+                True,
             )
         return self._error(f"GitHub API error {status} for organisation {self.org!r}: {detail}")
 
+    def _malformed(self, exc: Exception) -> SourceError:
+        return self._error(
+            f"the GitHub API at {self.ctx.github.api_url} sent a malformed repository list for {self.org!r} "
+            "(a field of the wrong type); check github.api_url"
+        )
+
     def _kept_failing(self, exc: Exception) -> SourceError:
         return self._error(
-            f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors "
-            f"after {API_RETRIES} retries; try again later",
+            f"the GitHub API at {self.ctx.github.api_url} kept failing with server errors; try again later",
             transient=True,
         )
 
@@ -354,25 +463,28 @@ class GithubOrg:
             except GitFetchError as exc:
                 return repo, exc
 
-        with ThreadPoolExecutor(max_workers=min(GIT_WORKERS, len(repos))) as pool:
+        with ThreadPoolExecutor(max_workers=min(GIT_WORKERS, max(1, len(repos)))) as pool:
             return list(pool.map(attempt, repos))
 
     @staticmethod
     def _sha_or_marker(result: str | GitFetchError) -> str:
         return result if isinstance(result, str) else "unavailable"
 
-    def _warning(self, repo: OrgRepo, error: GitFetchError) -> str:
+    @staticmethod
+    def _is_empty(repo: OrgRepo, error: GitFetchError) -> bool:
+        """Whether the clone failed because GitHub reports the repository empty (nothing to fetch)."""
+        return repo.size_kb == 0 and not error.transient
+
+    def _failure(self, repo: OrgRepo, error: GitFetchError) -> str:
         """`owner/repo: reason`, with GitHub-specific advice when a token was refused or missing."""
-        if repo.size_kb == 0 and not error.transient:
-            return f"{repo.full_name}: empty repository (no commits); skipped"
         sent = self._credentials(repo.clone_url) is not None
         hint = github_auth_hint(self.ctx, repo.clone_url, self.cfg.token_env, sent)
-        return f"{repo.full_name}: {self._scrub(source_error(self.name, error, hint).reason)}"
+        return f"{repo.label}: {self._scrub(source_error(self.name, error, hint).reason)}"
 
-    def _all_failed(self, count: int, warnings: list[str], transient: bool) -> SourceError:
+    def _all_failed(self, count: int, problems: list[str], transient: bool) -> SourceError:
         return self._error(
             f"none of the {count} repositories of organisation {self.org!r} could be cloned; "
-            f"first: {warnings[0]}",
+            f"first: {problems[0]}",
             transient=transient,
         )
 
@@ -383,6 +495,7 @@ ApiErrorHandler = Callable[[GithubOrg, Exception], SourceError]
 API_ERRORS: tuple[tuple[type[Exception], ApiErrorHandler], ...] = (
     (RateLimitExceededException, GithubOrg._rate_limited),
     (BadCredentialsException, GithubOrg._bad_token),
+    (BadAttributeException, GithubOrg._malformed),
     (UnknownObjectException, GithubOrg._org_not_found),
     (GithubException, GithubOrg._refused),
     (requests.exceptions.RetryError, GithubOrg._kept_failing),

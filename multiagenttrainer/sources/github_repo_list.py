@@ -1,7 +1,8 @@
 """The `github_repo_list` source: several repositories (owner/repo shorthands or URLs) as one source.
 
 Each repository is cloned like `github_repo`. When some fail and others work, the snapshot holds
-the ones that worked and a warning per failure; only when all fail is the source an error.
+the ones that worked and names each failure in its `failures` (the ingest then exits 1, with
+the others in the corpus); only when all fail is the source an error.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class GithubRepoList:
         return None if failures else list_version(pairs)
 
     def fetch(self, staging: Path) -> Snapshot:
-        """Clone or update every repository; failures become warnings unless all fail."""
+        """Clone or update every repository; those that fail are the snapshot's `failures`."""
         targets, failures = plan_targets(self.cfg.repos, self.cfg.branch, self.ctx)
         outcomes = run_each(targets, lambda target: self._fetch_one(target, staging))
         failures += [o for o in outcomes if isinstance(o, RepoFailure)]
@@ -148,7 +149,7 @@ class GithubRepoList:
             trees=[tree for _, tree in fetched],
             include=list(self.cfg.include),
             exclude=list(self.cfg.exclude),
-            warnings=[f"{failure.ref}: {failure.reason}" for failure in failures],
+            failures=[f"{failure.ref}: {failure.reason}" for failure in failures],
         )
 
     def _resolve_one(self, target: RepoTarget) -> tuple[str, str] | RepoFailure:

@@ -6,10 +6,11 @@ commit in a work tree, so any edit, add, delete or commit changes it. With a cac
 the context (the Ingester gives `<staging>/listings`), an unchanged tree is fingerprinted from the
 last walk's snapshot, by stat-ing what it recorded, without walking again.
 
-The configured directory is the top of the walk: .gitignore files in it and below it apply,
-and `.git/info/exclude` when it is the top of a work tree; ignore files above it do not (so
-pointing a source at an ignored folder of some repository still reads that folder).
-A directory is a git work tree when it has a `.git` entry.
+The configured directory is the top of the walk, whose ignore rules are git's own (corpus/gitview.py):
+.gitignore files in it and below it apply, and, when it is the top of a work tree, its
+`info/exclude` and its index (tracked files are never ignored); ignore files above it do not (so
+pointing a source at an ignored folder of some repository still reads that folder). A directory is
+a git work tree when it has a `.git` entry that git accepts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dulwich.repo import Repo
 from multiagenttrainer.config import LocalRepoSource, expand_path
 from multiagenttrainer.corpus.ignore import PathSelector
 from multiagenttrainer.corpus.walk import directory_fingerprint
-from multiagenttrainer.errors import SourceError
+from multiagenttrainer.errors import CorpusError, SourceError
 from multiagenttrainer.sources.base import Snapshot, SourceContext, SourceInfo, Tree
 
 
@@ -91,6 +92,8 @@ class LocalRepo:
             return directory_fingerprint(self.path, self.selector, salt, self.cache_dir)
         except OSError as exc:
             raise SourceError(self.name, f"cannot read {exc.filename or self.path}: {exc.strerror}") from exc
+        except CorpusError as exc:  # git could not list the directory
+            raise SourceError(self.name, f"cannot list {self.path}: {exc}") from exc
 
     def _shown_path(self) -> str:
         """The configured path, with its absolute form when that says more."""

@@ -22,6 +22,7 @@ and puts back the commit's bytes, then rebuilds the index from the commit.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -145,6 +146,9 @@ def git_command(workspace: Path | None, *args: str) -> list[str]:
     return ["git", *where, *_GIT_OPTIONS, *args]
 
 
+DISK_FULL_SIGNS = ("No space left on device", "Out of diskspace", "Disk quota exceeded")
+
+
 def run_git(workspace: Path, *args: str, stdin: bytes | None = None, check: bool = True) -> str:
     """Run `git <args>` in the workspace and return its stdout; raise ExperimentError on failure."""
     return run_git_bytes(workspace, *args, stdin=stdin, check=check).decode("utf-8", "surrogateescape")
@@ -167,6 +171,8 @@ def run_git_bytes(workspace: Path, *args: str, stdin: bytes | None = None, check
         raise ExperimentError(f"`git {args[0]}` in {workspace} took over {GIT_TIMEOUT_S} s") from exc
     if check and done.returncode != 0:
         message = done.stderr.decode("utf-8", "replace").strip() or f"exit code {done.returncode}"
+        if any(sign in message for sign in DISK_FULL_SIGNS):  # the same failure as any other write
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(workspace))
         raise ExperimentError(f"`git {' '.join(args[:2])}` failed in {workspace}: {message}")
     return done.stdout
 

@@ -44,6 +44,7 @@ WorkspaceKind = Literal["builtin", "autoresearch"]
 # How a run's val_bpb is obtained: "independent" = mat re-scores the checkpoint train.py saved, apart from
 # training (workspace/scoring.py); "summary" = the val_bpb train.py prints (autoresearch's own contract).
 Evaluation = Literal["independent", "summary"]
+EVALUATIONS = ("independent", "summary")
 WORKSPACE_DIR = "workspace"
 BRANCH_PREFIX = "autoresearch/"
 BASELINE_MESSAGE = "baseline"
@@ -203,6 +204,42 @@ def program_md_path(cfg: AutoresearchConfig) -> Path | None:
     return Path(cfg.program_md).expanduser() if cfg.program_md else None
 
 
+def train_command_for(kind: WorkspaceKind, workspace: Path) -> list[str]:
+    """How training runs in a workspace of this kind: derived again, never read back from run.json."""
+    if kind == "autoresearch":
+        from multiagenttrainer.workspace.autoresearch import choose_interpreter
+
+        return list(choose_interpreter(workspace).train)
+    return [sys.executable, "train.py"]
+
+
+def python_for(kind: WorkspaceKind, workspace: Path) -> list[str]:
+    """The interpreter of a workspace of this kind (for the scorer): derived, like train_command_for."""
+    if kind == "autoresearch":
+        from multiagenttrainer.workspace.autoresearch import choose_interpreter
+
+        return list(choose_interpreter(workspace).python)
+    return [sys.executable]
+
+
+def reopen_workspace(run_dir: Path, record: Mapping[str, Any]) -> Workspace:
+    """The workspace a run recorded, before anything runs in it again (run.json is not trusted): it is
+    always the run directory's own `workspace/` (so a moved run still resumes), of a known kind and
+    evaluation, and its commands are derived again rather than taken from the file."""
+    try:
+        workspace = Workspace.from_dict({**record, "path": str(Path(run_dir).absolute() / WORKSPACE_DIR)})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ExperimentError(f"{run_dir}/run.json: its workspace record is damaged ({exc})") from None
+    if workspace.kind not in ("builtin", "autoresearch") or workspace.evaluation not in EVALUATIONS:
+        raise ExperimentError(
+            f"{run_dir}/run.json: unknown workspace kind {workspace.kind!r} or evaluation "
+            f"{workspace.evaluation!r}; the file was changed, so the run is not resumed"
+        )
+    workspace.train_command = train_command_for(workspace.kind, workspace.path)
+    workspace.python = python_for(workspace.kind, workspace.path)
+    return workspace
+
+
 def setup_builtin(
     workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
 ) -> tuple[list[str], list[Path]]:
@@ -212,7 +249,7 @@ def setup_builtin(
     render_template(workspace, cfg.train_time, program_md_path(cfg))
     stats = write_builtin_data(corpus_jsonl, workspace / "data", (run_dir / HOLDOUT_REL).parent)
     log.info("built-in workspace data: %s", stats)
-    return [sys.executable, "train.py"], [workspace / "data"]
+    return train_command_for("builtin", workspace), [workspace / "data"]
 
 
 def evaluator_files(workspace: Path, data_dirs: list[Path], run_dir: Path, kind: WorkspaceKind) -> list[Path]:

@@ -13,13 +13,13 @@ from multiagenttrainer.sources.github_org import GithubOrg
 from tests.api_sources.bare_repos import commit_files
 from tests.api_sources.fake_bedrock import FakeBedrock
 from tests.api_sources.fake_github import FakeGithub, FakeRepo
+from tests.git_sources.servers import GitHttpServer
 from tests.support.aws import isolate_aws
 
-WEB_URL = "https://github.example.test"
+WEB_URL = "https://github.example.test"  # for tests that never clone
 TIMEOUT_S = 5.0
 ACCESS_KEY = "AKIAFAKEACCESSKEY123"
 SECRET_KEY = "fake/secret+key/never-printed-0123456789"
-
 
 
 @pytest.fixture
@@ -29,12 +29,24 @@ def fake_github() -> Iterator[FakeGithub]:
 
 
 @pytest.fixture
-def make_org(fake_github: FakeGithub) -> Callable[..., GithubOrg]:
-    """Build a GithubOrg source against the fake API; `token=None` means no GITHUB_TOKEN."""
+def git_host(tmp_path: Path) -> Iterator[GitHttpServer]:
+    """The GitHub host (`github.web_url`) of these tests: smart HTTP for <tmp>/remote/<owner>/<repo>.git."""
+    with GitHttpServer(tmp_path / "remote") as server:
+        yield server
+
+
+@pytest.fixture
+def make_org(fake_github: FakeGithub, git_host: GitHttpServer) -> Callable[..., GithubOrg]:
+    """Build a GithubOrg source against the fake API and git host; `token=None` means no GITHUB_TOKEN."""
 
     def build(
-        org: str = "acme", *, token: str | None = fake_github.token, web_url: str = WEB_URL, **fields: object
+        org: str = "acme",
+        *,
+        token: str | None = fake_github.token,
+        web_url: str | None = None,
+        **fields: object,
     ):
+        web_url = web_url or git_host.url
         cfg = GithubOrgSource(type="github_org", url=f"{web_url}/{org}", **fields)
         env = {"GITHUB_TOKEN": token} if token else {}
         ctx = SourceContext(
@@ -46,8 +58,8 @@ def make_org(fake_github: FakeGithub) -> Callable[..., GithubOrg]:
 
 
 @pytest.fixture
-def git_org(tmp_path: Path, fake_github: FakeGithub) -> dict[str, Path]:
-    """Organisation `acme` with three real bare repositories (file:// clone URLs), one of them private."""
+def git_org(tmp_path: Path, fake_github: FakeGithub, git_host: GitHttpServer) -> dict[str, Path]:
+    """Organisation `acme` with three real bare repositories served by `git_host`, one of them private."""
     names = {"alpha": False, "beta": True, "gamma": False}
     paths = {}
     for name in names:
@@ -55,9 +67,25 @@ def git_org(tmp_path: Path, fake_github: FakeGithub) -> dict[str, Path]:
         commit_files(path, {"README.md": f"# {name}\n", f"{name}.py": f"NAME = {name!r}\n"})
         paths[name] = path
     fake_github.orgs["acme"] = [
-        FakeRepo(name, f"file://{paths[name]}", private) for name, private in names.items()
+        FakeRepo(name, f"{git_host.url}/acme/{name}.git", private) for name, private in names.items()
     ]
     return paths
+
+
+MARKER = "PRIVATE_MARKER_never_in_the_corpus_7f3a"
+
+
+def clones_in(staging: Path) -> list[str]:
+    """The clone directories under a github_org source's staging directory."""
+    return sorted(p.name for p in staging.iterdir() if p.name.endswith(".git"))
+
+
+@pytest.fixture
+def private_repo(tmp_path: Path) -> Path:
+    """A bare repository outside the GitHub host, holding a marker that must never be ingested."""
+    path = tmp_path / "private" / "secret.git"
+    commit_files(path, {"secret.py": f"TOKEN = {MARKER!r}\n"})
+    return path
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ class FakeRepo:
     default_branch: str = "main"
     archived: bool = False
     size: int = 12  # KB, as GitHub reports it; 0 means empty
+    full_name: str | None = None  # what the API calls it; `<org>/<name>` unless a test says otherwise
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class FakeGithub:
         return {
             "id": abs(hash((org, repo.name))) % 10**8,
             "name": repo.name,
-            "full_name": f"{org}/{repo.name}",
+            "full_name": repo.full_name or f"{org}/{repo.name}",
             "owner": {"login": org, "id": 1, "type": "Organization"},
             "private": repo.private,
             "visibility": "private" if repo.private else "public",

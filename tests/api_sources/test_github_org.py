@@ -16,7 +16,7 @@ from multiagenttrainer.sources import registry
 from multiagenttrainer.sources.base import SourceContext
 from multiagenttrainer.sources.github_org import GithubOrg, org_from_url
 from tests.api_sources.bare_repos import commit_files, empty_bare_repo
-from tests.api_sources.conftest import WEB_URL
+from tests.api_sources.conftest import WEB_URL, clones_in
 from tests.api_sources.fake_github import RATE_LIMIT_RESET_S, FakeRepo
 from tests.git_sources.servers import GitHttpServer
 
@@ -27,9 +27,9 @@ def listed(source: GithubOrg) -> list[str]:
     return [repo.full_name for repo in source.list_repos()]
 
 
-def many_repos(count: int, private_every: int = 3) -> list[FakeRepo]:
+def many_repos(count: int, private_every: int = 3, host: str = WEB_URL) -> list[FakeRepo]:
     return [
-        FakeRepo(f"repo-{i:03d}", f"file:///nowhere/repo-{i:03d}.git", i % private_every == 0)
+        FakeRepo(f"repo-{i:03d}", f"{host}/acme/repo-{i:03d}.git", i % private_every == 0)
         for i in range(count)
     ]
 
@@ -109,7 +109,7 @@ def test_unknown_organisation(make_org):
     with pytest.raises(
         SourceError, match=re.escape(f"organisation 'nope' not found at {WEB_URL}; check the url")
     ):
-        make_org("nope").fetch(Path("/nonexistent-staging"))
+        make_org("nope", web_url=WEB_URL).fetch(Path("/nonexistent-staging"))
 
 
 def test_primary_rate_limit_fails_fast_with_reset_time(make_org, fake_github):
@@ -158,11 +158,23 @@ def test_forbidden_says_the_token_lacks_permission(make_org, fake_github):
     assert not isinstance(caught.value, TransientSourceError)
 
 
-def test_server_errors_are_transient(make_org, fake_github):
+def test_server_errors_are_transient_and_not_retried_inside_the_client(make_org, fake_github):
     fake_github.behaviours["flaky"] = "bad_gateway"
     with pytest.raises(TransientSourceError, match="kept failing with server errors"):
         make_org("flaky").list_repos()
-    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 4  # the first try and 3 retries
+    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 1  # retrying is SOURCE_RETRY's job
+
+
+def test_a_flaky_org_is_tried_as_often_as_the_one_retry_policy_says(make_org, fake_github, tmp_path):
+    """The ingest stage applies SOURCE_RETRY once: 1 + its retries API calls, never more."""
+    from multiagenttrainer.ingest import Ingester
+    from multiagenttrainer.retry import SOURCE_RETRY
+
+    fake_github.behaviours["flaky"] = "bad_gateway"
+    source = make_org("flaky")
+    result = Ingester([source.cfg], tmp_path / "staging", context=source.ctx).fetch_all()
+    assert [type(f) for f in result.failures] == [TransientSourceError]
+    assert len(fake_github.requests_to("/orgs/flaky/repos")) == 1 + SOURCE_RETRY.retries
 
 
 def test_unreachable_api_is_transient(make_org, fake_github):
@@ -194,7 +206,7 @@ def test_other_urls_are_rejected_with_the_expected_shape(url, fake_github):
 
 
 def test_describe_needs_no_network(make_org, fake_github):
-    info = make_org(visibility="public", max_repos=7).describe()
+    info = make_org(visibility="public", max_repos=7, web_url=WEB_URL).describe()
     assert (info.name, info.type, info.branch) == ("org-acme", "github_org", None)
     assert info.location == f"{WEB_URL}/acme (public, max 7)"
     assert fake_github.requests == []
@@ -268,25 +280,27 @@ def test_include_and_exclude_are_passed_on(make_org, git_org, tmp_path):
     assert (snapshot.include, snapshot.exclude) == (["*.py"], ["tests/**"])
 
 
-def test_one_failing_repository_becomes_a_warning(make_org, fake_github, git_org, tmp_path):
-    fake_github.orgs["acme"].append(FakeRepo("ghost", f"file://{tmp_path}/missing/ghost.git"))
+def test_one_failing_repository_is_named_in_the_failures(make_org, fake_github, git_org, git_host, tmp_path):
+    fake_github.orgs["acme"].append(FakeRepo("ghost", f"{git_host.url}/acme/ghost.git"))
     snapshot = make_org().fetch(tmp_path / "staging")
     assert sorted(t.repo for t in snapshot.trees) == ["acme/alpha", "acme/beta", "acme/gamma"]
-    (warning,) = snapshot.warnings
-    assert warning.startswith("acme/ghost: ")
-    assert "missing/ghost.git" in warning
+    assert snapshot.warnings == []
+    (failure,) = snapshot.failures
+    assert failure.startswith("acme/ghost: ") and "/acme/ghost.git" in failure
+    assert snapshot.failure_summary() == f"1 repository not fetched (3 were): {failure}"
 
 
-def test_empty_repository_is_skipped_with_a_warning(make_org, fake_github, git_org, tmp_path):
-    empty = empty_bare_repo(tmp_path / "remote" / "acme" / "void.git")
-    fake_github.orgs["acme"].append(FakeRepo("void", f"file://{empty}", size=0))
+def test_empty_repository_is_skipped_with_a_warning(make_org, fake_github, git_org, git_host, tmp_path):
+    empty_bare_repo(tmp_path / "remote" / "acme" / "void.git")
+    fake_github.orgs["acme"].append(FakeRepo("void", f"{git_host.url}/acme/void.git", size=0))
     snapshot = make_org().fetch(tmp_path / "staging")
     assert len(snapshot.trees) == 3
     assert snapshot.warnings == ["acme/void: empty repository (no commits); skipped"]
+    assert snapshot.failures == []
 
 
-def test_every_repository_failing_is_an_error(make_org, fake_github, tmp_path):
-    fake_github.orgs["acme"] = many_repos(3)
+def test_every_repository_failing_is_an_error(make_org, fake_github, git_host, tmp_path):
+    fake_github.orgs["acme"] = many_repos(3, host=git_host.url)
     with pytest.raises(
         SourceError, match="none of the 3 repositories of organisation 'acme' could be cloned"
     ):
@@ -294,7 +308,7 @@ def test_every_repository_failing_is_an_error(make_org, fake_github, tmp_path):
 
 
 def test_token_goes_only_to_the_github_host(fake_github, tmp_path):
-    """Clone URLs on web_url's host get the token; another host gets none (and its 401 is a warning)."""
+    """Clone URLs on web_url's host get the token; a clone URL on another host is refused unrequested."""
     token = fake_github.token
     with GitHttpServer(tmp_path / "served", token=token) as git_server:
         web_url = git_server.url
@@ -312,10 +326,103 @@ def test_token_goes_only_to_the_github_host(fake_github, tmp_path):
         source = GithubOrg(GithubOrgSource(type="github_org", url=f"{web_url}/acme"), "org", ctx)
         snapshot = source.fetch(tmp_path / "staging")
         assert [(t.repo, t.commit) for t in snapshot.trees] == [("acme/x", shas["x"])]
-        (warning,) = snapshot.warnings
-        assert warning.startswith("acme/y: ") and "GITHUB_TOKEN is sent only to" in warning
+        (failure,) = snapshot.failures
+        assert failure.startswith(f"acme/y: refused the clone URL '{other_host}/acme/y.git'")
+        assert f"it is not on {web_url}" in failure
         assert all(r.authorization for r in git_server.requests_for("/acme/x.git"))
-        assert not any(r.authorization for r in git_server.requests_for("/acme/y.git"))
+        assert git_server.requests_for("/acme/y.git") == []
     config = (tmp_path / "staging" / "acme__x.git" / "config").read_text()
-    assert token not in config and token not in warning
+    assert token not in config and token not in failure
     assert f"{web_url}/acme/x.git" in config
+
+
+# --------------------------------------------------------------------------- hostile API answers
+
+
+def hostile_urls(host: str, private: Path) -> dict[str, str]:
+    """Clone URLs a hostile or broken API might return for acme/secret, and what each one is."""
+    port = host.rsplit(":", 1)[1]
+    return {
+        "file": f"file://{private}",
+        "bare path": str(private),
+        "other host": f"http://localhost:{port}/acme/secret.git",
+        "credentials": f"http://x-access-token:stolen@127.0.0.1:{port}/acme/secret.git",
+        "ssh": f"ssh://git@127.0.0.1:{port}/acme/secret.git",
+        "scp-like": "git@127.0.0.1:acme/secret.git",
+        "other scheme": f"https://127.0.0.1:{port}/acme/secret.git",
+        "other repository": f"{host}/acme/alpha.git",
+        "query": f"{host}/acme/secret.git?x=1",
+    }
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "file",
+        "bare path",
+        "other host",
+        "credentials",
+        "ssh",
+        "scp-like",
+        "other scheme",
+        "other repository",
+        "query",
+    ],
+)
+def test_clone_urls_off_the_github_host_are_refused(
+    kind, make_org, fake_github, git_org, git_host, private_repo, tmp_path
+):
+    url = hostile_urls(git_host.url, private_repo)[kind]
+    fake_github.orgs["acme"].append(FakeRepo("secret", url))
+    staging = tmp_path / "staging"
+    snapshot = make_org().fetch(staging)
+    assert sorted(t.repo for t in snapshot.trees) == ["acme/alpha", "acme/beta", "acme/gamma"]
+    (failure,) = snapshot.failures
+    assert failure.startswith("acme/secret: refused the clone URL '")
+    assert f"only {git_host.url}/acme/secret.git is cloned" in failure
+    assert "stolen" not in failure
+    assert clones_in(staging) == ["acme__alpha.git", "acme__beta.git", "acme__gamma.git"]
+    assert git_host.requests_for("/acme/secret.git") == []
+
+
+@pytest.mark.parametrize(
+    ("full_name", "branch", "reason"),
+    [
+        ("acme/../../etc", "main", "invalid name"),
+        ("acme/x\x1b[31m", "main", "invalid name"),
+        ("evil/secret", "main", "not in organisation 'acme'"),
+        ("acme/secret", "../../HEAD", "invalid default branch"),
+    ],
+)
+def test_invalid_names_and_branches_from_the_api_are_refused(
+    full_name, branch, reason, make_org, fake_github, git_org, git_host, tmp_path
+):
+    url = f"{git_host.url}/{full_name}.git"
+    fake_github.orgs["acme"].append(FakeRepo("secret", url, default_branch=branch, full_name=full_name))
+    snapshot = make_org().fetch(tmp_path / "staging")
+    assert len(snapshot.trees) == 3
+    (failure,) = snapshot.failures
+    assert reason in failure and "\x1b" not in failure
+
+
+def test_an_entry_listed_twice_is_cloned_once(make_org, fake_github, git_org, git_host, tmp_path):
+    fake_github.orgs["acme"].append(fake_github.orgs["acme"][0])
+    snapshot = make_org().fetch(tmp_path / "staging")
+    assert sorted(t.repo for t in snapshot.trees) == ["acme/alpha", "acme/beta", "acme/gamma"]
+    assert snapshot.failures == []
+
+
+def test_a_malformed_listing_is_a_clear_error(make_org, fake_github):
+    fake_github.orgs["acme"] = [FakeRepo("alpha", 12345)]  # type: ignore[arg-type]
+    with pytest.raises(SourceError, match=r"sent a malformed repository list for 'acme'"):
+        make_org().list_repos()
+
+
+def test_every_repository_refused_is_an_error(make_org, fake_github, private_repo, tmp_path):
+    fake_github.orgs["acme"] = [FakeRepo("secret", f"file://{private_repo}")]
+    source = make_org()
+    assert source.resolve()  # refused repositories are never contacted, not even for their HEAD
+    with pytest.raises(
+        SourceError, match=r"none of the 1 repositories .* first: acme/secret: refused the clone"
+    ):
+        source.fetch(tmp_path / "staging")

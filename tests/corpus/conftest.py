@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import orjson
 import pytest
 
 from multiagenttrainer.config import CorpusConfig
-from multiagenttrainer.corpus import build_corpus
+from multiagenttrainer.corpus import accel, build_corpus
 from multiagenttrainer.sources.base import Snapshot, Tree
 from tests.git_sources.servers import GIT_ENV
 
@@ -28,6 +29,32 @@ def git(cwd: Path, *args: str, stdin: bytes | None = None, ok: tuple[int, ...] =
     if done.returncode not in ok:
         raise AssertionError(f"git {' '.join(args)} failed: {done.stderr.decode(errors='replace')}")
     return done.stdout.decode("utf-8", "surrogateescape")
+
+
+def git_listing(root: Path, scratch: Path) -> set[str]:
+    """`git ls-files --cached --others --exclude-standard` of root: in its own repository for a work
+    tree, with a throw-away GIT_DIR (made in scratch) for a plain directory."""
+    command = ["ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    if not (root / ".git").exists():
+        git_dir = scratch / "listing-git-dir"
+        if not git_dir.exists():
+            git(scratch, "init", "-q", "--bare", str(git_dir))
+        command = [f"--git-dir={git_dir}", f"--work-tree={root}", *command]
+    return {p for p in git(root, *command).split("\0") if p}
+
+
+@contextmanager
+def native_code(enabled: bool) -> Iterator[None]:
+    """The native accelerators on or off (MAT_CORPUS_NATIVE), as a user sets them."""
+    saved = os.environ.get(accel.DISABLE_VARIABLE)
+    os.environ[accel.DISABLE_VARIABLE] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[accel.DISABLE_VARIABLE]
+        else:
+            os.environ[accel.DISABLE_VARIABLE] = saved
 
 
 def write_tree(root: Path, files: FileSpec) -> Path:

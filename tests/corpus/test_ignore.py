@@ -1,16 +1,22 @@
-"""The walk's .gitignore handling matches git itself; include/exclude globs behave like gitignore patterns."""
+"""The walk's .gitignore handling is git's own, with and without the native code, on a fixture and on
+random trees and ignore files (corpora compared byte for byte, and with `git ls-files`); include/exclude
+globs behave like gitignore patterns."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
-from dulwich.ignore import Pattern
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from multiagenttrainer.corpus.ignore import IgnoreFile, PathSelector
+from multiagenttrainer.config import CorpusConfig
+from multiagenttrainer.corpus import accel, build_corpus
+from multiagenttrainer.corpus.ignore import PathSelector
 from multiagenttrainer.corpus.walk import walk_events
-from tests.corpus.conftest import git, write_tree
+from tests.corpus.conftest import dir_snapshot, git, git_listing, native_code, read_jsonl, write_tree
 
 ROOT_GITIGNORE = "\n".join(
     [
@@ -152,53 +158,16 @@ def test_symlinks_are_not_followed(tmp_path: Path) -> None:
     assert sorted(e.rel for e in events if e.reason == "symlink") == ["linked-dir", "linked-file.txt"]
 
 
-@pytest.mark.parametrize(
-    "patterns",
-    [
-        ["*.log", "build/", "/anchored", "docs/**/*.tmp", "a/**", "**/deep/x", "[ab]?.txt", r"\#h"],
-        ["*", "*.py"],
-        ["foo/bar", "**/baz/", "x*y/z"],
-    ],
-)
-def test_one_regex_for_files_agrees_with_pattern_by_pattern(patterns: list[str]) -> None:
-    rules = IgnoreFile([p.encode() for p in patterns])
-    paths = [
-        "a.log",
-        "x/a.log",
-        "build",
-        "build/x",
-        "anchored",
-        "x/anchored",
-        "docs/c.tmp",
-        "docs/a/b/c.tmp",
-        "a/x",
-        "a",
-        "deep/x",
-        "q/deep/x",
-        "ab.txt",
-        "a1.txt",
-        "#h",
-        "foo/bar",
-        "foo/bar/x",
-        "q/baz",
-        "xqy/z",
-        "z.py",
-        "readme",
-    ]
-    for path in paths:
-        by_pattern = any(
-            p.matches(path.encode(), False) for p in map(Pattern, (x.encode() for x in patterns))
-        )
-        assert bool(rules.decide(path.encode(), False)) == by_pattern, path
-
-
-def test_negation_decides_by_the_last_matching_pattern() -> None:
-    rules = IgnoreFile([b"*.log", b"!keep.log", b"dir/"])
-    assert rules.decide(b"a.log", False) is True
-    assert rules.decide(b"keep.log", False) is False
-    assert rules.decide(b"readme.md", False) is None
-    assert rules.decide(b"dir", True) is True
-    assert rules.decide(b"dir", False) is None  # `dir/` matches directories only
+def test_the_last_matching_pattern_decides_and_directory_patterns_match_directories_only(
+    tmp_path: Path,
+) -> None:
+    root = write_tree(
+        tmp_path / "t",
+        {".gitignore": "*.log\n!keep.log\ndir/\n", "a.log": "", "keep.log": "", "readme.md": "", "dir/x": ""},
+    )
+    (root / "sub").mkdir()
+    (root / "sub" / "dir").write_text("a file named dir")
+    assert walked_files(root) == {".gitignore", "keep.log", "readme.md", "sub/dir"}
 
 
 SELECTOR_FILES = [
@@ -237,3 +206,98 @@ def test_an_empty_selector_accepts_everything() -> None:
     selector = PathSelector.from_lists([[], []], [[]])
     assert not selector
     assert all(selector.accepts(p) for p in SELECTOR_FILES)
+
+
+# --------------------------------------------- random trees and ignore files: git is the judge of every path
+
+NAMES = ["a", "b", "ab", "ba", "x", "a.py", "b.txt", "x1", "c.md", "d.log", "x.tmp", "*", "?", "[a]"]
+NAMES += ["!n", "#h", "a b", "ü", "q\\r", "foo\\", "foo"]
+ATOMS = ["a", "b", "ab", "x", "x1", "ü", ".py", "*", "?", "*.py", "*.log", "a*", "*b", "[ab]?", "[a-c]"]
+ATOMS += ["[!a]", "[^a]", "[[:alpha:]]", "[[:digit:]]", "\\*", "\\?", "\\[a]", "\\!n", "\\#h", "a\\ b", "foo"]
+# The forms where dulwich (behind the old Python walk) and git disagreed, and their relatives.
+DIVERGENT = ["a**/x", "a**", "***/x", "***", "x/***", "foo\\", "x\\", "a//", "b//", "a/**/", "**/x//"]
+SHAPES = ["a/x", "ab/x", "a/b/x", "abc/d/x", "b/x", "foo\\", "x", "b/a/y", "x/y/z"]
+
+
+@st.composite
+def patterns(draw: st.DrawFn) -> str:
+    """One .gitignore line: path segments of atoms and `**`, anchored or not, directory-only or not,
+    negated or not; or one of the divergent forms."""
+    if draw(st.integers(0, 3)) == 0:
+        pattern = draw(st.sampled_from(DIVERGENT))
+    else:
+        segments = draw(
+            st.lists(
+                st.one_of(
+                    st.just("**"), st.lists(st.sampled_from(ATOMS), min_size=1, max_size=2).map("".join)
+                ),
+                min_size=1,
+                max_size=3,
+            )
+        )
+        pattern = "/".join(segments)
+        pattern = draw(st.sampled_from(["", "/"])) + pattern + draw(st.sampled_from(["", "", "/"]))
+    return draw(st.sampled_from(["", "", "!"])) + pattern
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> tuple[dict[str, str], list[str], list[str] | None]:
+    """(files with unique contents and .gitignore files, the files to track, info/exclude lines);
+    no tracking and no exclude file means a plain directory."""
+    paths = draw(
+        st.sets(
+            st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map("/".join), min_size=1, max_size=14
+        )
+    )
+    paths |= draw(st.sets(st.sampled_from(SHAPES), max_size=4))  # where the divergent forms matter
+    dirs = {p.rsplit("/", 1)[0] for p in paths if "/" in p}
+    paths = {p for p in paths if p not in dirs and not any(d.startswith(p + "/") for d in dirs)}
+    files = {path: f"file {path}\n" for path in paths}
+    for directory in sorted({""} | {d + "/" for d in dirs}):
+        if draw(st.integers(0, 3)) > (0 if directory == "" else 1):
+            lines = draw(st.lists(patterns(), min_size=1, max_size=6))
+            files[directory + ".gitignore"] = f"# ignore rules of /{directory}\n" + "\n".join(lines) + "\n"
+    if not draw(st.booleans()):
+        return files, [], None
+    tracked = draw(st.lists(st.sampled_from(sorted(files)), max_size=4, unique=True))
+    return files, tracked, draw(st.lists(patterns(), max_size=3))
+
+
+def make_random_tree(
+    root: Path, files: dict[str, str], tracked: list[str], exclude: list[str] | None
+) -> None:
+    write_tree(root, files)
+    if exclude is None:
+        return
+    git(root, "init", "-q")
+    (root / ".git" / "info").mkdir(exist_ok=True)
+    (root / ".git" / "info" / "exclude").write_text("\n".join(exclude) + "\n")
+    if tracked:
+        git(root, "--literal-pathspecs", "add", "-f", "--", *tracked)
+
+
+def build_with(root: Path, out: Path, native: bool) -> dict[str, object]:
+    with native_code(native):
+        assert (accel.stat_module() is not None) is native and (accel.encoder() is not None) is native
+        return build_corpus([dir_snapshot(root)], CorpusConfig(), out / "corpus.txt", workers=0)
+
+
+@given(trees())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_trees_give_git_listing_with_and_without_native_code(
+    tmp_path: Path, tree: tuple[dict[str, str], list[str], list[str] | None]
+) -> None:
+    scratch = Path(tempfile.mkdtemp(dir=tmp_path))
+    root = scratch / "tree"
+    make_random_tree(root, *tree)
+    build_with(root, scratch / "native", True)
+    build_with(root, scratch / "python", False)
+    for name in ("corpus.txt", "corpus.jsonl"):
+        assert (scratch / "native" / name).read_bytes() == (scratch / "python" / name).read_bytes(), name
+    corpus = {record["path"] for record in read_jsonl(scratch / "native" / "corpus.jsonl")}
+    assert corpus == git_listing(root, scratch)
+    for native in (True, False):  # the walk itself, beyond what the corpus keeps
+        with native_code(native):
+            events = walk_events(root)
+        assert {e.rel for e in events if e.kind == "file"} == corpus
+        assert len({e.rel for e in events}) == len(events)  # each entry once

@@ -22,6 +22,7 @@ from multiagenttrainer.corpus.filters import (
     decode_text,
 )
 from tests.corpus.conftest import dir_snapshot, write_tree
+from tests.support.fake_credentials import fake_credentials
 
 LIMIT = 1 << 20
 VOLATILE = ("build_seconds", "created_at", "paths", "native", "workers")
@@ -130,12 +131,16 @@ TRICKY_FILES: dict[str, str | bytes] = {
 
 
 def build_both_ways(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, **options: Any
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    files: dict[str, str | bytes] = TRICKY_FILES,
+    **options: Any,
 ) -> list[Path]:
     from multiagenttrainer.config import CorpusConfig
     from multiagenttrainer.corpus import build_corpus
 
-    root = write_tree(tmp_path / "tree", TRICKY_FILES)
+    root = write_tree(tmp_path / "tree", files)
     outputs = []
     for setting in ("1", "0"):
         monkeypatch.setenv(accel.DISABLE_VARIABLE, setting)
@@ -186,6 +191,29 @@ def test_corpus_is_byte_identical_with_and_without_the_native_encoder(
     assert "path: docs/paragraph.md" in text  # prose keeps its long lines
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_credential_family_is_redacted_the_same_way_natively(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Each family's hits reach the Python rules from the C encoder: the same corpus, byte for byte.
+    Every form also sits inside ordinary code, so the native path sees it in a plain file."""
+    credentials = fake_credentials()
+    filler = "def handler(request):\n    return request.json()\n" * 40
+    files: dict[str, str | bytes] = {
+        f"{c.provider.lower()}/{i:02d}/{c.filename}": filler + c.text + filler
+        for i, c in enumerate(credentials)
+    }
+    with_native, without = build_both_ways(tmp_path, monkeypatch, workers, files=files)
+    for name in ("corpus.txt", "corpus.jsonl", "stats.cmp"):
+        assert (with_native / name).read_bytes() == (without / name).read_bytes(), name
+    stats = orjson.loads((with_native / "stats.cmp").read_bytes())
+    assert stats["secrets_redacted"] == len(credentials)
+    text = (with_native / "corpus.jsonl").read_text()
+    assert not [
+        c.provider for c in credentials if c.secret in text or orjson.dumps(c.secret)[1:-1].decode() in text
+    ]
+
+
 def test_options_apply_the_same_way_natively(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with_native, without = build_both_ways(
         tmp_path, monkeypatch, 0, dedupe=False, redact_secrets=False, skip_generated=False, val_fraction=0.5
@@ -230,3 +258,37 @@ def test_files_that_change_between_the_listing_and_the_build(
         )
         assert stats["files"] == 2 and stats["skipped"] == {"too_large": 1, "unreadable": 1}
         assert "g = 1\n" * 50 in (out / "corpus.txt").read_text()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_directory_swapped_for_a_link_during_the_build_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Between the listing and the read, `src/` is replaced by a link to a
+    directory outside the tree that holds files of the same names: nothing outside is read, with either
+    reader, and the files that moved away are counted unreadable."""
+    from multiagenttrainer.config import CorpusConfig
+    from multiagenttrainer.corpus import build_corpus
+    from multiagenttrainer.corpus.walk import list_directory
+
+    files = {"keep.py": "k = 1\n", "src/a.py": "a = 1\n", "src/deep/b.py": "b = 2\n"}
+    root = write_tree(tmp_path / "tree", files)
+    outside = write_tree(
+        tmp_path / "outside",
+        {"a.py": "OUTSIDE_MARKER = 1\n", "deep/b.py": "OUTSIDE_MARKER = 2\n"},
+    )
+    listing = list_directory(root)  # the build goes through this listing, made before the swap
+    os.rename(root / "src", tmp_path / "moved-away")
+    os.symlink(outside, root / "src")
+    for setting in ("1", "0"):
+        monkeypatch.setenv(accel.DISABLE_VARIABLE, setting)
+        out = tmp_path / f"out-{setting}-{workers}"
+        stats = build_corpus(
+            [dir_snapshot(root, version=listing.fingerprint)],
+            CorpusConfig(),
+            out / "corpus.txt",
+            workers=workers,
+        )
+        assert "OUTSIDE_MARKER" not in (out / "corpus.txt").read_text()
+        assert "OUTSIDE_MARKER" not in (out / "corpus.jsonl").read_text()
+        assert stats["files"] == 1 and stats["skipped"] == {"unreadable": 2}

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from multiagenttrainer.corpus.secrets import MAX_FAST_TRIGGERS, RULES, TRIGGER_RULES, redact_secrets
+from multiagenttrainer.corpus.secrets import (
+    MAX_FAST_TRIGGERS,
+    RULES,
+    RULESET_DIGEST,
+    TRIGGER_RULES,
+    redact_secrets,
+    ruleset_digest,
+)
 from tests.corpus.conftest import dir_snapshot, read_jsonl
+from tests.support.fake_credentials import FakeCredential, fake_credentials
 
 # Built from pieces so this file does not itself look like it leaks credentials.
 AWS_KEY_ID = "AKIA" + "Z3MZ5QWERTY12345"
@@ -80,6 +91,33 @@ NEGATIVES = [
     '"Resource": "arn:aws:secretsmanager:*:*:secret:prod-db-*"\n',
     "-----BEGIN PRIVATE KEY-----\n...\n-----END PRIVATE KEY-----\n",
     "ghp_ tokens start with ghp_\n",
+    # code and prose around the newer rules
+    "userid = passwd = acct = ''\n",
+    "self.user, self.password = user, password\n",
+    'user, password = "wile", "coyote"\n',
+    "conn = connect(user=name, password=secret_value, host=host)\n",
+    'USER_PASSWD = "%s:%s" % (USER, PASSWD)\n',
+    "PWD=/home/ci/build\n",
+    "password: Optional[str] = None\n",
+    'headers["Authorization"] = "Bearer " + token\n',
+    "headers = {'Authorization': f'Bearer {token}'}\n",
+    "Authorization: Bearer $OPENAI_API_KEY\n",
+    "authorization = request.headers.get('Authorization')\n",
+    "the bearer of the letter\n",
+    "from sklearn.model_selection import train_test_split  # scikit-learn, sk-learn\n",
+    "path = hf_hub_download(repo_id, filename)\n",
+    "key-value pairs, key-0123456789abcdef are not enough\n",
+    "secret_name = 'prod/db'\n",
+    "db:\n  password: |\n\nnext: 1\n",
+    "<password></password>\n",
+    "if len(password)>8: ok()\n",
+    "machine learning needs a password reset\n",
+    "redis://:@localhost:6379\n",
+    "REDIS_URL=redis://:${REDIS_PASSWORD}@cache:6379\n",
+    '"auth": "basic"\n',
+    '<input type="password" name="password" value="">\n',
+    "api_key = os.environ['OPENAI_KEY']\n",
+    "SORT_KEY = 'name'\n",
 ]
 
 
@@ -98,7 +136,30 @@ def test_placeholders_and_code_are_left_alone(text: str) -> None:
 
 
 def test_every_rule_has_a_positive_case() -> None:
-    assert {rule.name for rule in RULES} == {rule for rule, _, _ in POSITIVES}
+    covered = {rule for rule, _, _ in POSITIVES} | {c.rule for c in fake_credentials()}
+    assert {rule.name for rule in RULES} == covered
+
+
+FAKES = fake_credentials()
+
+
+def test_the_fake_corpus_spans_enough_forms_and_providers() -> None:
+    assert len(FAKES) >= 60
+    assert len({c.provider for c in FAKES}) >= 15
+    assert len({(c.text, c.secret) for c in FAKES}) == len(FAKES)  # every form its own
+    assert all(c.secret in c.text and len(c.secret) >= 8 for c in FAKES)
+
+
+@pytest.mark.parametrize("credential", FAKES, ids=lambda c: f"{c.provider}-{c.rule}-{c.syntax}")
+def test_every_fake_credential_form_is_redacted(credential: FakeCredential) -> None:
+    """Recall 100 % of the listed forms: the secret is gone, its expected rule fired, the syntax stays."""
+    redacted, counts = redact_secrets(credential.text.encode())
+    text = redacted.decode()
+    assert credential.rule in counts, counts
+    for piece in (credential.secret, *credential.parts):
+        assert piece not in text
+    before = (credential.text.split(credential.secret)[0].splitlines()[-1:] or [""])[0]
+    assert before.split("-----BEGIN")[0] in text  # the line up to the value is kept
 
 
 def test_the_prefilter_stays_within_the_fast_automaton() -> None:
@@ -139,3 +200,71 @@ def test_redaction_can_be_turned_off(
     stats = build([dir_snapshot(make_tree({"leak.py": POSITIVES[0][1]}))], redact_secrets=False)
     assert AWS_KEY_ID in (tmp_path / "out" / "corpus.txt").read_text()
     assert stats["secrets_redacted"] == 0
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_fake_credentials_never_reach_the_corpus(
+    make_tree: Callable[..., Path],
+    build: Callable[..., dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    native: str,
+) -> None:
+    """A real build over every form, each in a file named as such files are, with and without C."""
+    monkeypatch.setenv("MAT_CORPUS_NATIVE", native)
+    files = {f"{c.provider.lower()}/{i:02d}/{c.filename}": c.text for i, c in enumerate(FAKES)}
+    stats = build([dir_snapshot(make_tree(files))])
+    assert stats["native"] is (native == "1")
+    out = tmp_path / "out"
+    corpus = (out / "corpus.txt").read_text() + (out / "corpus.jsonl").read_text()
+    for credential in FAKES:
+        for piece in (credential.secret, *credential.parts):
+            assert piece not in corpus, credential
+            assert json.dumps(piece)[1:-1] not in corpus, credential  # as JSON escapes it
+    expected: dict[str, int] = {}
+    for credential in FAKES:
+        expected[credential.rule] = expected.get(credential.rule, 0) + 1
+    assert stats["secrets_by_rule"] == dict(sorted(expected.items()))
+    assert stats["files"] == len(FAKES)
+
+
+STDLIB_REDACTION_BOUND = 40  # measured: 28 on CPython 3.11.7's 1,790 modules (31.5 MB), all test fixtures
+NAME_RULES = {"secret-assignment", "netrc", "url-credentials", "authorization", "bearer-token"}
+
+
+def test_redactions_in_the_standard_library_are_rare() -> None:
+    """The stdlib holds no real credentials: only literal passwords in its tests' fixtures may be taken,
+    and no provider format fires at all."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    counts: dict[str, int] = {}
+    for path in root.rglob("*.py"):
+        if not any(part.endswith("-packages") for part in path.relative_to(root).parts):
+            for rule, count in redact_secrets(path.read_bytes())[1].items():
+                counts[rule] = counts.get(rule, 0) + count
+    assert sum(counts.values()) <= STDLIB_REDACTION_BOUND, counts
+    assert set(counts) <= NAME_RULES, counts
+
+
+def test_a_changed_rule_set_changes_the_corpus_fingerprint() -> None:
+    """A corpus redacted by other rules is rebuilt rather than reused (builder.corpus_fingerprint)."""
+    last = RULES[-1]
+    assert ruleset_digest(RULES) == RULESET_DIGEST
+    assert ruleset_digest(RULES[:-1]) != RULESET_DIGEST
+    assert (
+        ruleset_digest((*RULES[:-1], dataclasses.replace(last, triggers=last.triggers[:-1])))
+        != RULESET_DIGEST
+    )
+
+
+HOSTILE_LINES = [b"password=", b"xoxb-", b"-----BEGIN PRIVATE KEY-----", b"ecret=", b"_auth=", b'token = "']
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("piece", HOSTILE_LINES)
+def test_hostile_input_costs_linear_time(piece: bytes) -> None:
+    """One megabyte-long line of a trigger over and over (a .md file may have such lines): every value
+    and line look is bounded and hits inside a found secret are passed over, so this takes seconds;
+    with unbounded values or line scans it took hours."""
+    data = b"x " + piece * (1_000_000 // len(piece)) + b"\n"
+    redacted, _ = redact_secrets(data)
+    assert redacted.startswith(b"x ")

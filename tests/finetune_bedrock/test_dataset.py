@@ -69,6 +69,18 @@ def test_continued_pretraining_uploads_input_records_for_train_and_validation(aw
     assert dataset.details["customization_type"] == "CONTINUED_PRE_TRAINING"
 
 
+def test_a_plain_text_corpus_is_uploaded_with_its_last_tenth_as_validation(aws, make_tuner, tmp_path):
+    text = long_file(lines=2000)  # 198,000 characters: 50 chunks of plain text
+    corpus = tmp_path / "notes.txt"
+    corpus.write_text(text, encoding="utf-8")
+    dataset = make_tuner().prepare_dataset(corpus)
+    train = read_jsonl(dataset.details["train_s3_uri"])
+    val = read_jsonl(dataset.details["validation_s3_uri"])
+    assert "".join(r["input"] for r in train + val) == text
+    assert val[-1]["input"].endswith("01999 " + "x" * 92 + "\n")  # the end of the file is held out
+    assert dataset.val_records == len(val) >= 1 and dataset.train_records == len(train) > len(val)
+
+
 def test_larger_batches_use_the_smaller_record_limit(aws, make_tuner, tmp_path):
     big = long_file(lines=400)
     corpus = write_corpus(tmp_path / "c", [{"path": "big.py", "split": "train", "text": big}])

@@ -1,4 +1,4 @@
-"""Fixtures for `mat finetune`: the tiny Llama and corpus of tests/finetune_opensource, configs, the CLI."""
+"""Fixtures for `mat finetune`: the tiny Llama and corpus of tests/support/tiny_model.py, configs, the CLI."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from tests.finetune_opensource.conftest import MAX_LENGTH, corpus_dir, tiny_model_dir
+from tests.support.tiny_model import MAX_LENGTH, corpus_dir, tiny_model_dir, train_tiny_job
 
 __all__ = ["corpus_dir", "tiny_model_dir"]  # session fixtures shared with the open-source backend tests
 
@@ -75,3 +76,11 @@ def mat_json(*args: str, env: dict[str, str] | None = None) -> Any:
     result = mat(*args, "--json", env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="session")
+def finished_job(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, corpus_dir: Path
+) -> tuple[Path, Any]:
+    """A completed open-source job (3 LoRA steps on the tiny Llama) and the mat.yaml that finds it."""
+    return train_tiny_job(tmp_path_factory.mktemp("finished-job"), tiny_model_dir, corpus_dir)

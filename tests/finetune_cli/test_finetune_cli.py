@@ -101,6 +101,54 @@ def test_missing_corpus_names_mat_ingest(tmp_path: Path, tiny_model_dir: Path) -
     assert not (tmp_path / "jobs").exists()
 
 
+def plain_text() -> str:
+    """Repository-like text of a few KB: enough chunks for a validation share."""
+    return "".join(
+        f"def handler_{i}(request, limit={i}):\n    return [x for x in load(request) if x.size < limit]\n"
+        for i in range(120)
+    )
+
+
+def test_a_plain_text_corpus_trains(prefect_api: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The product description's `mat finetune start --corpus /path/to/corpus.txt`, no corpus.jsonl near."""
+    corpus = tmp_path / "text" / "corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text(plain_text(), encoding="utf-8")
+    config = write_config(
+        tmp_path, {"opensource": opensource_section(tiny_model_dir, tmp_path / "models", 2)}
+    )
+
+    result = mat("finetune", "start", "--config", str(config), "--corpus", str(corpus), "--name", "plain")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    (job,) = mat_json("finetune", "list", "--config", str(config))
+    assert job["status"] == "completed" and job["error"] is None
+    assert job["dataset"]["train_records"] > job["dataset"]["val_records"] >= 1
+    assert job["metrics"]["eval_loss_after"] > 0
+    assert f"default: job {job['id']} completed" in result.stdout
+
+
+def test_a_broken_corpus_fails_the_job_with_its_message(
+    prefect_api: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("déjà vu\n".encode("latin-1"))
+    config = write_config(
+        tmp_path, {"opensource": opensource_section(tiny_model_dir, tmp_path / "models", 2)}
+    )
+
+    result = mat("finetune", "start", "--config", str(config), "--corpus", str(corpus), "--name", "broken")
+
+    message = f"{corpus} is not UTF-8 text (byte 1 is 0xe9); convert it to UTF-8"
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr and "failed: None" not in result.stderr
+    assert message in result.stderr
+    (job,) = mat_json("finetune", "list", "--config", str(config))
+    assert job["status"] == "failed" and job["error"].startswith(message)
+    status = mat("finetune", "status", job["id"], "--config", str(config))
+    assert status.returncode == 0 and message in status.stdout
+
+
 REGION = "us-east-1"
 BUCKET = "mat-finetune-cli"
 ROLE_ARN = "arn:aws:iam::123456789012:role/mat-bedrock"

@@ -37,6 +37,34 @@ def test_prepare_dataset_splits_corpus_into_text_records(make_tuner: TunerFactor
     assert any("# Guide" in row["text"] for row in val + train)
 
 
+def test_prepare_dataset_takes_a_plain_text_file(make_tuner: TunerFactory, tmp_path: Path) -> None:
+    """The product description's `--corpus /path/to/corpus.txt`, with no corpus.jsonl beside it."""
+    text = "".join(f"def handler_{i}(request):\n    return load(request, limit={i})\n" for i in range(400))
+    (tmp_path / "plain").mkdir()
+    corpus = tmp_path / "plain" / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    dataset = make_tuner().prepare_dataset(corpus)
+    folder = Path(dataset.location)
+    train = [json.loads(line)["text"] for line in (folder / "train.jsonl").read_text().splitlines()]
+    val = [json.loads(line)["text"] for line in (folder / "val.jsonl").read_text().splitlines()]
+    assert "".join(train + val) == text  # nothing lost, nothing repeated, in order
+    assert (dataset.train_records, dataset.val_records) == (len(train), len(val)) and len(val) >= 1
+    assert len(val) == round((len(train) + len(val)) * 0.1)
+    assert dataset.details["corpus"] == str(corpus)
+
+
+def test_a_training_text_too_small_for_one_sequence_is_refused(tiny_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from multiagenttrainer.finetune.opensource import check_one_sequence
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    check_one_sequence(tokenizer, ["x"], "job-1")  # one token and the end-of-text token: enough
+    tokenizer.eos_token = None  # a tokenizer without one: "x" alone cannot be a training sequence
+    with pytest.raises(BackendError, match=r"job job-1: the training text is too small .* makes 1 tokens"):
+        check_one_sequence(tokenizer, ["x"], "job-1")
+
+
 def test_prepare_dataset_without_corpus_names_the_fix(make_tuner: TunerFactory, tmp_path: Path) -> None:
     with pytest.raises(CorpusError, match="mat ingest"):
         make_tuner().prepare_dataset(tmp_path / "nowhere")

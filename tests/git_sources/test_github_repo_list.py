@@ -1,4 +1,4 @@
-"""github_repo_list: several repositories as one source, partial failures as warnings."""
+"""github_repo_list: several repositories as one source, partial failures named in the snapshot."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_every_repository_is_cloned(
         (first.slug, first.head("dev")),
         (second.slug, second.head("dev")),
     ]
-    assert len({t.path for t in snapshot.trees}) == 2 and not snapshot.warnings
+    assert len({t.path for t in snapshot.trees}) == 2 and not snapshot.warnings and not snapshot.failures
     assert snapshot.version == source.resolve()
     assert snapshot.version == list_version(
         [
@@ -61,7 +61,7 @@ def test_version_changes_when_one_repository_moves(
     assert [t.commit for t in after.trees] == [first.head("main"), second.head("main")]
 
 
-def test_partial_failure_returns_the_rest_with_warnings(
+def test_partial_failure_returns_the_rest_and_names_the_failures(
     repo: FixtureRepo, ctx: SourceContext, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     closed = f"http://127.0.0.1:{free_port()}/acme/gone.git"
@@ -70,11 +70,12 @@ def test_partial_failure_returns_the_rest_with_warnings(
     snapshot = source.fetch(tmp_path)
 
     assert [t.repo for t in snapshot.trees] == [repo.slug]
-    warnings = dict(w.split(": ", 1) for w in snapshot.warnings)
-    assert set(warnings) == {"acme/missing", "not a repo", closed}
-    assert "no git repository" in warnings["acme/missing"]
-    assert "expected owner/repo" in warnings["not a repo"]
-    assert "cannot reach" in warnings[closed]
+    failures = dict(w.split(": ", 1) for w in snapshot.failures)
+    assert set(failures) == {"acme/missing", "not a repo", closed}
+    assert "no git repository" in failures["acme/missing"]
+    assert "expected owner/repo" in failures["not a repo"]
+    assert "cannot reach" in failures[closed]
+    assert snapshot.warnings == []
     assert source.resolve() is None  # not cacheable while some repositories fail
     assert "skipped acme/missing" in caplog.text and TOKEN not in caplog.text
 

@@ -83,6 +83,17 @@ def test_fetch_policy_uses_a_cached_snapshot_only_while_its_trees_exist(
     assert policy.compute_key(ctx, fetch_inputs(), {}) is None  # type: ignore[arg-type]
 
 
+def test_fetch_policy_never_reuses_an_incomplete_snapshot(store: ResultStore, tmp_path: Path) -> None:
+    """A snapshot that names failed repositories is fetched again next time, so they get another try."""
+    policy, ctx = FetchCachePolicy(), SimpleNamespace(result_store=store)
+    key = policy.compute_key(ctx, fetch_inputs(), {})  # type: ignore[arg-type]
+    tree = tmp_path / "clone.git"
+    tree.mkdir()
+    incomplete = {**snapshot_with_tree(tree), "failures": ["acme/ghost: cannot reach the host"]}
+    store.write(incomplete, key=key)
+    assert policy.compute_key(ctx, fetch_inputs(), {}) is None  # type: ignore[arg-type]
+
+
 def write_corpus(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for name in ("corpus.txt", "corpus.jsonl", "stats.json"):

@@ -24,7 +24,11 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/openat2.h>
+#endif
 
 #include <openssl/evp.h>
 
@@ -108,19 +112,61 @@ typedef struct {
     size_t len;
 } OpenDir;
 
+/* An absolute path opened without following a symbolic link in any of its components (the paths read
+ * here have none: roots are resolved and the walk never lists a link), so a directory swapped for a link
+ * while the corpus is built cannot lead outside the tree. openat2(RESOLVE_NO_SYMLINKS) does it in one call;
+ * without it (ENOSYS: kernels before 5.6) each component is opened with O_NOFOLLOW from "/". The Python
+ * fallback (chunks.open_beneath) follows the same rule. */
+static int open_no_links(const char *path, int flags) {
+#if defined(__linux__) && defined(SYS_openat2)
+    struct open_how how;
+    memset(&how, 0, sizeof how);
+    how.flags = (unsigned long long)(flags | O_NOFOLLOW | O_CLOEXEC);
+    how.resolve = RESOLVE_NO_SYMLINKS;
+    long fd = syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+    if (fd >= 0 || errno != ENOSYS) return (int)fd;
+#endif
+    if (path[0] != '/') {
+        errno = EINVAL;
+        return -1;
+    }
+    int at = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const char *part = path + 1;
+    while (at >= 0) {
+        const char *slash = strchr(part, '/');
+        size_t len = slash ? (size_t)(slash - part) : strlen(part);
+        char name[256];
+        if (len >= sizeof name) {
+            close(at);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        memcpy(name, part, len);
+        name[len] = 0;
+        int next = len == 0 ? dup(at) : openat(at, name, (slash ? O_RDONLY | O_DIRECTORY : flags) | O_NOFOLLOW | O_CLOEXEC);
+        int failed = errno;
+        close(at);
+        errno = failed;
+        if (!slash || next < 0) return next;
+        at = next;
+        part = slash + 1;
+    }
+    return -1;
+}
+
 /* A descriptor for the file at path (relative to its open directory when that can be used). */
 static int open_in(OpenDir *dir, const char *path) {
     const int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC;
     const char *slash = strrchr(path, '/');
     size_t len = slash ? (size_t)(slash - path) : 0;
-    if (!dir || !slash || len == 0 || len >= sizeof dir->path) return open(path, flags);
+    if (!dir || !slash || len == 0 || len >= sizeof dir->path) return open_no_links(path, flags);
     if (dir->fd < 0 || dir->len != len || memcmp(dir->path, path, len) != 0) {
         if (dir->fd >= 0) close(dir->fd);
         memcpy(dir->path, path, len);
         dir->path[len] = 0;
         dir->len = len;
-        dir->fd = open(dir->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dir->fd < 0) return open(path, flags); /* reports the real error for this file */
+        dir->fd = open_no_links(dir->path, O_RDONLY | O_DIRECTORY);
+        if (dir->fd < 0) return open_no_links(path, flags); /* reports the real error for this file */
     }
     return openat(dir->fd, slash + 1, flags);
 }

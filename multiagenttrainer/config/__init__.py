@@ -1,10 +1,13 @@
 """Configuration: pydantic models for every section of multiagenttrainer.yaml, and its loader.
 
-Every model forbids unknown keys, so a typo is an error rather than a silent default. The loader
-reports every problem at once as ``dotted.path: message (file:line)``. Environment variables
-prefixed with ``MAT_`` override file values (``MAT_TRAINING__MAX_EXPERIMENTS=3``). Secrets are
-never read from the file: GitHub tokens come from the environment, AWS credentials from boto3's
-chain, SSH keys by path.
+Every model forbids unknown keys, so a typo is an error rather than a silent default, and every
+size, count and time has an upper bound (no infinities, no NaN). The loader reports every problem
+at once as ``dotted.path: message (file:line)``. Environment variables prefixed with ``MAT_``
+override file values (``MAT_TRAINING__MAX_EXPERIMENTS=3``). Secrets are never read from the file:
+GitHub tokens come from the environment, AWS credentials from boto3's chain, SSH keys by path.
+
+The file is untrusted: yaml_input.py reads it (size, encoding, aliases, depth, keys) and
+problems.py words the problems, naming the MAT_* variable when one set the bad value.
 """
 
 from __future__ import annotations
@@ -12,21 +15,39 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, BinaryIO, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from multiagenttrainer.config.problems import (
+    ENV_DELIMITER,
+    ENV_PREFIX,
+    environment_overrides,
+    format_validation_errors,
+)
+from multiagenttrainer.config.yaml_input import parse_yaml_with_lines, read_config_stream, read_config_text
 from multiagenttrainer.errors import ConfigError
 
 DEFAULT_CONFIG_FILE = "multiagenttrainer.yaml"
+
+# Upper bounds for every size, count and time: far above any real use, low enough that a typo
+# (or 1e29) is an error here instead of an overflow or a week-long run later.
+GIB = 1 << 30
+WEEK_S = 7 * 24 * 3600
+MAX_REPOS = 10_000
+MAX_STEPS = 10_000_000
+MAX_EPOCHS = 1000
+MAX_BATCH = 4096
+MAX_TOKENS = 1 << 20  # sequence length
+MAX_LORA_R = 4096
+MAX_PORT = 65_535
 
 
 class Model(BaseModel):
     """Base for every config section: unknown keys are errors."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- sources
@@ -64,7 +85,7 @@ class GithubRepoSource(SourceBase):
 class GithubOrgSource(SourceBase):
     type: Literal["github_org"]
     url: str
-    max_repos: int = Field(100, ge=1)
+    max_repos: int = Field(100, ge=1, le=MAX_REPOS)
     visibility: Literal["all", "public", "private"] = "all"
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
@@ -73,7 +94,7 @@ class GithubOrgSource(SourceBase):
 
 class GithubRepoListSource(SourceBase):
     type: Literal["github_repo_list"]
-    repos: list[str] = Field(min_length=1)
+    repos: list[str] = Field(min_length=1, max_length=MAX_REPOS)
     branch: str | None = None
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
@@ -121,6 +142,18 @@ class SshExecution(Model):
     ssh_key: str | None = Field(None, description="Private key path; SSH defaults otherwise")
     remote_dir: str = "/tmp/mat-runs"
 
+    @field_validator("ssh_host")
+    @classmethod
+    def _port_in_range(cls, value: str) -> str:
+        host = value.rpartition("@")[2]
+        if host.count(":") > 1 and not host.startswith("["):
+            return value  # a bare IPv6 address, no port
+        after_address = host.rpartition("]")[2] if host.startswith("[") else host
+        _, colon, port = after_address.rpartition(":")
+        if colon and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
+            raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
+        return value
+
 
 class DockerExecution(Model):
     type: Literal["docker"]
@@ -145,7 +178,7 @@ class AutoresearchConfig(Model):
         None, description="URL or path of an autoresearch checkout; built-in template if unset"
     )
     branch: str = "master"
-    train_time: int = Field(300, ge=1, description="Training time budget per experiment, seconds")
+    train_time: int = Field(300, ge=1, le=WEEK_S, description="Training time budget per experiment, seconds")
     program_md: str | None = Field(None, description="Path to a program.md that replaces the default")
     verify: bool = Field(
         False,
@@ -158,10 +191,10 @@ class TrainingConfig(Model):
     agent_command: str | None = Field(
         None, description="Command with {prompt} / {prompt_file}; built-in agent if unset"
     )
-    max_experiments: int = Field(10, ge=1)
+    max_experiments: int = Field(10, ge=1, le=100_000)
     output_dir: str = "./runs"
     mode: Literal["harness", "agent"] = "harness"
-    agent_timeout: int = Field(900, ge=1, description="Seconds an agent may take for one change")
+    agent_timeout: int = Field(900, ge=1, le=WEEK_S, description="Seconds an agent may take for one change")
     execution: ExecutionConfig = Field(default_factory=LocalExecution)
 
 
@@ -201,19 +234,30 @@ def target_field_map(backend_model: type[BaseModel]) -> dict[str, str]:
 class OpenSourceConfig(Model):
     model_id: str = Field("meta-llama/Llama-3.2-1B", json_schema_extra=set_by_targets("model_id"))
     output_dir: str = "./finetuned-models"
-    lora_r: int = Field(16, ge=1, json_schema_extra=set_by_targets("lora_r"))
-    lora_alpha: int = Field(32, ge=1, json_schema_extra=set_by_targets("lora_alpha"))
+    lora_r: int = Field(16, ge=1, le=MAX_LORA_R, json_schema_extra=set_by_targets("lora_r"))
+    lora_alpha: int = Field(32, ge=1, le=16 * MAX_LORA_R, json_schema_extra=set_by_targets("lora_alpha"))
     lora_dropout: float = Field(0.05, ge=0, lt=1)
-    num_epochs: float = Field(3, gt=0, json_schema_extra=set_by_targets("num_epochs", "epochs"))
-    batch_size: int = Field(4, ge=1, json_schema_extra=set_by_targets("batch_size"))
+    num_epochs: float = Field(
+        3, gt=0, le=MAX_EPOCHS, json_schema_extra=set_by_targets("num_epochs", "epochs")
+    )
+    batch_size: int = Field(4, ge=1, le=MAX_BATCH, json_schema_extra=set_by_targets("batch_size"))
     use_4bit: bool = Field(False, json_schema_extra=set_by_targets("use_4bit"))
-    learning_rate: float = Field(2e-4, gt=0, json_schema_extra=set_by_targets("learning_rate"))
-    max_length: int = Field(2048, ge=8, json_schema_extra=set_by_targets("max_length"))
+    learning_rate: float = Field(2e-4, gt=0, le=1, json_schema_extra=set_by_targets("learning_rate"))
+    max_length: int = Field(2048, ge=8, le=MAX_TOKENS, json_schema_extra=set_by_targets("max_length"))
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    save_steps: int = Field(200, ge=1)
-    eval_steps: int = Field(200, ge=1)
-    max_steps: int = Field(-1, description="Stop after this many optimizer steps; -1 runs all epochs")
+    gradient_accumulation_steps: int = Field(1, ge=1, le=MAX_BATCH)
+    save_steps: int = Field(200, ge=1, le=MAX_STEPS)
+    eval_steps: int = Field(200, ge=1, le=MAX_STEPS)
+    max_steps: int = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Stop after this many optimizer steps; -1 runs all epochs"
+    )
+
+    @field_validator("max_steps")
+    @classmethod
+    def _steps_or_all_epochs(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (train for num_epochs) or at least 1")
+        return value
 
 
 class BedrockConfig(Model):
@@ -225,9 +269,9 @@ class BedrockConfig(Model):
     customization_type: Literal["CONTINUED_PRE_TRAINING", "FINE_TUNING"] = Field(
         "CONTINUED_PRE_TRAINING", json_schema_extra=set_by_targets("customization_type")
     )
-    epochs: int = Field(1, ge=1, json_schema_extra=set_by_targets("epochs", "num_epochs"))
-    batch_size: int = Field(1, ge=1, json_schema_extra=set_by_targets("batch_size"))
-    learning_rate: float = Field(1e-5, gt=0, json_schema_extra=set_by_targets("learning_rate"))
+    epochs: int = Field(1, ge=1, le=MAX_EPOCHS, json_schema_extra=set_by_targets("epochs", "num_epochs"))
+    batch_size: int = Field(1, ge=1, le=MAX_BATCH, json_schema_extra=set_by_targets("batch_size"))
+    learning_rate: float = Field(1e-5, gt=0, le=1, json_schema_extra=set_by_targets("learning_rate"))
 
 
 class FineTuneTarget(Model):
@@ -235,15 +279,15 @@ class FineTuneTarget(Model):
     model_id: str | None = None
     machine: str | None = Field(None, description="Name of a machines entry (informational)")
     backend: Literal["opensource", "bedrock"] | None = None
-    num_epochs: float | None = Field(None, gt=0)
-    batch_size: int | None = Field(None, ge=1)
-    lora_r: int | None = Field(None, ge=1)
-    lora_alpha: int | None = Field(None, ge=1)
-    learning_rate: float | None = Field(None, gt=0)
-    max_length: int | None = Field(None, ge=8)
+    num_epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS)
+    batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    lora_r: int | None = Field(None, ge=1, le=MAX_LORA_R)
+    lora_alpha: int | None = Field(None, ge=1, le=16 * MAX_LORA_R)
+    learning_rate: float | None = Field(None, gt=0, le=1)
+    max_length: int | None = Field(None, ge=8, le=MAX_TOKENS)
     use_4bit: bool | None = None
     customization_type: Literal["CONTINUED_PRE_TRAINING", "FINE_TUNING"] | None = None
-    epochs: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
 
 
 class FinetunerConfig(Model):
@@ -265,7 +309,9 @@ class FinetunerConfig(Model):
 class CorpusConfig(Model):
     dir: str = Field("./corpus", description="Where corpus.txt, corpus.jsonl and stats.json are written")
     staging_dir: str = Field("./.mat/staging", description="Where sources are cloned and fetched")
-    max_file_bytes: int = Field(1_048_576, ge=1, description="Files larger than this are skipped")
+    max_file_bytes: int = Field(
+        1_048_576, ge=1, le=GIB, description="Files larger than this are skipped (at most 1 GiB)"
+    )
     dedupe: bool = True
     redact_secrets: bool = True
     val_fraction: float = Field(0.1, ge=0, lt=1, description="Share of files put in the validation split")
@@ -287,6 +333,34 @@ class GithubConfig(Model):
         return value.rstrip("/")
 
 
+# --------------------------------------------------------------------------- serving
+
+
+class ServeConfig(Model):
+    """`mat serve`: where it listens, who may call it, and how much one request may ask for."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (--host overrides it)")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on; 0 picks a free one")
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding the bearer key every client must send; unset: no key"
+    )
+    max_tokens: int = Field(1024, ge=1, le=131_072, description="Most tokens one request may generate")
+    max_body_bytes: int = Field(1_048_576, ge=1024, le=67_108_864, description="Largest request body")
+    max_concurrent_requests: int = Field(
+        32, ge=1, le=1024, description="Generation requests in flight at once; more are answered 429"
+    )
+    engine: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="auto: vLLM on a CUDA machine where it is installed, else transformers"
+    )
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must name an environment variable, such as MAT_SERVE_KEY (not hold the key)")
+        return value
+
+
 # --------------------------------------------------------------------------- the whole file
 
 
@@ -294,7 +368,11 @@ class Config(BaseSettings):
     """The whole of multiagenttrainer.yaml; every section is optional."""
 
     model_config = SettingsConfigDict(
-        extra="forbid", env_prefix="MAT_", env_nested_delimiter="__", validate_default=True
+        extra="forbid",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_DELIMITER,
+        validate_default=True,
+        allow_inf_nan=False,
     )
 
     autoresearch: AutoresearchConfig = Field(default_factory=AutoresearchConfig)
@@ -305,6 +383,7 @@ class Config(BaseSettings):
     finetuner: FinetunerConfig = Field(default_factory=FinetunerConfig)
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     github: GithubConfig = Field(default_factory=GithubConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -338,7 +417,8 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
     """Load and validate a config file; without one, the defaults (no sources).
 
     With ``path`` None, ``multiagenttrainer.yaml`` in the working directory is used when present.
-    Raises ConfigError listing every problem as ``path: message (file:line)``.
+    Raises ConfigError listing every problem as ``path: message (file:line)``; a problem caused
+    by a ``MAT_*`` variable names the variable instead of a line.
     """
     explicit = path is not None
     file = Path(path) if path is not None else Path(DEFAULT_CONFIG_FILE)
@@ -349,123 +429,27 @@ def load_config(path: str | Path | None = None, *, required: bool = False) -> Co
                 f"{DEFAULT_CONFIG_FILE} or pass --config PATH"
             )
         return _validate({}, {}, "<defaults>")
-    text = file.read_text(encoding="utf-8")
-    data, lines = parse_yaml_with_lines(text, str(file))
+    data, lines = parse_yaml_with_lines(read_config_text(file), str(file))
     return _validate(data, lines, str(file))
 
 
 def parse_config_text(text: str, filename: str = "<stdin>") -> Config:
-    """Validate YAML text as a config (`mat config validate -` reads it from standard input)."""
+    """Validate YAML text as a config."""
     data, lines = parse_yaml_with_lines(text, filename)
     return _validate(data, lines, filename)
 
 
+def load_config_stream(stream: BinaryIO, filename: str = "<stdin>") -> Config:
+    """Validate a config read from a byte stream (`mat config validate -` reads standard input)."""
+    return parse_config_text(read_config_stream(stream, filename), filename)
+
+
 def _validate(data: dict[str, Any], lines: dict[tuple[Any, ...], int], filename: str) -> Config:
+    overrides = environment_overrides(Config)  # a malformed MAT_* variable stops here, named
     try:
         return Config(**data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_errors(exc, data, lines, filename)) from None
-
-
-def parse_yaml_with_lines(text: str, filename: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]]:
-    """Parse YAML and record the 1-based line of every mapping key and sequence item."""
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else {}
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{filename}:{mark.line + 1}" if mark else filename
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"<yaml>: {problem}; fix the YAML syntax ({where})") from None
-    if data is None:
-        return {}, {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"<root>: expected a mapping of sections such as `sources:` ({filename}:1)")
-    lines: dict[tuple[Any, ...], int] = {}
-    if node is not None:
-        _record_lines(node, (), lines)
-    return data, lines
-
-
-def _record_lines(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key_path = (*path, key_node.value)
-            lines[key_path] = key_node.start_mark.line + 1
-            _record_lines(value_node, key_path, lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, (*path, index), lines)
-
-
-def format_validation_errors(
-    exc: ValidationError, data: dict[str, Any], lines: dict[tuple[Any, ...], int], filename: str
-) -> list[str]:
-    """Turn pydantic errors into ``dotted.path: message (file:line)`` lines, one per problem."""
-    problems = []
-    for error in exc.errors():
-        loc = _data_path(error["loc"], data)
-        line = _closest_line(loc, lines)
-        where = f"{filename}:{line}" if line else (f"{filename}" if lines else "environment or defaults")
-        problems.append(f"{_dotted(loc)}: {_message(error, loc, data)} ({where})")
-    return sorted(set(problems), key=problems.index)
-
-
-def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
-    """Drop the union tags pydantic inserts in a location (sources.2.local_repo.path)."""
-    path: list[Any] = []
-    current = data
-    for part in loc:
-        is_union_tag = isinstance(current, dict) and isinstance(part, str) and part not in current
-        if is_union_tag and (current.get("type") == part or part in {"function-after", "function-before"}):
-            continue
-        path.append(part)
-        if isinstance(current, dict):
-            current = current.get(part)
-        elif isinstance(current, list) and isinstance(part, int) and part < len(current):
-            current = current[part]
-        else:
-            current = None
-    return tuple(path)
-
-
-def _closest_line(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | None:
-    for end in range(len(loc), -1, -1):
-        if loc[:end] in lines:
-            return lines[loc[:end]]
-    return None
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "<root>"
-
-
-def _message(error: Any, loc: tuple[Any, ...], data: Any) -> str:
-    kind = error["type"]
-    if kind == "missing":
-        return "field required"
-    if kind == "extra_forbidden":
-        return "unknown field; check the spelling against configs/config.example.yaml"
-    if kind == "union_tag_invalid":
-        return f"unknown type {error['input'].get('type')!r}; valid types: {', '.join(_tags(error))}"
-    if kind == "union_tag_not_found":
-        return f"`type:` is required; valid types: {', '.join(_tags(error))}"
-    message = str(error["msg"])
-    message = message.removeprefix("Value error, ")
-    return message[0].lower() + message[1:] if message else kind
-
-
-def _tags(error: Any) -> list[str]:
-    expected = str(error.get("ctx", {}).get("expected_tags", ""))
-    return [t.strip().strip("'") for t in expected.split(",") if t.strip()]
+        raise ConfigError(format_validation_errors(exc, data, lines, filename, overrides)) from None
 
 
 def expand_path(value: str) -> Path:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 GONE_TIMEOUT_S = 10.0  # how long SIGKILLed processes get to disappear
@@ -52,6 +55,18 @@ def read_stat(pid: int) -> tuple[str, int, int] | None:
     except (OSError, IndexError):
         return None
     return fields[0], int(fields[2]), int(fields[3])  # state, pgrp, session
+
+
+def read_start_time(pid: int) -> int | None:
+    """When a process started (clock ticks after boot, /proc/<pid>/stat field 22); None if it is gone.
+
+    A pid and its start time name one process for good: a reused pid has a later start time.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def is_zombie(state: str) -> bool:
@@ -305,6 +320,46 @@ def contain(scope: Scope) -> Callable[[], None]:
             libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return in_child
+
+
+def working_in(pid: int, root: Path) -> bool:
+    """Whether a process's current directory is `root` or below it."""
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return False
+    return cwd == root or root in cwd.parents
+
+
+def groups_working_in(directory: Path) -> set[int]:
+    """Process groups of the live processes working in `directory`, except this process's own group and
+    session (the user's shell, mat itself, its git commands)."""
+    if not has_proc():
+        return set()
+    root = directory.resolve()
+    own = (os.getpgrp(), os.getsid(0))
+    groups: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or not working_in(int(entry.name), root):
+            continue
+        stat = read_stat(int(entry.name))
+        if stat is not None and not is_zombie(stat[0]) and stat[1] not in own and stat[2] not in own:
+            groups.add(stat[1])
+    return groups
+
+
+def terminate_processes_in(directory: Path, grace_s: float) -> list[int]:
+    """Stop the process groups working in `directory` (SIGTERM, SIGKILL after `grace_s`); return them.
+
+    This finds what a killed mat left running in a workspace on this machine (a training run, an agent).
+    A group that survives SIGKILL is logged, not raised: stopping goes on with the others.
+    """
+    groups = sorted(groups_working_in(directory))
+    for pgid in groups:
+        survivors = stop_group(pgid, None, grace_s)
+        if survivors:
+            log.error("processes %s working in %s survived SIGKILL; kill them by hand", survivors, directory)
+    return groups
 
 
 def start_in_session(

@@ -439,15 +439,44 @@ def _spawn_server(port: int) -> subprocess.Popen[bytes]:
 
 
 def _wait_until_healthy(info: ServerInfo, timeout_s: float, process: subprocess.Popen[bytes] | None) -> bool:
+    """Whether the server `info` names answers before `timeout_s`: its own process, alive, listening on its
+    port (another server that took the port between choose_port and the start does not count)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if is_healthy(info.api_url, timeout_s=1.0):
-            return True
         exited = process.poll() is not None if process is not None else not pid_alive(info.pid)
         if exited:
             return False
+        if is_healthy(info.api_url, timeout_s=1.0) and listens_on(info.pid, info.port):
+            return True
         time.sleep(0.25)
     return False
+
+
+def listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on 127.0.0.1:`port` (from /proc/net/tcp); empty without /proc."""
+    wanted = f"0100007F:{port:04X}"
+    inodes: set[str] = set()
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return inodes
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 9 and fields[1] == wanted and fields[3] == "0A":  # 0A: LISTEN
+            inodes.add(fields[9])
+    return inodes
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` holds the socket listening on 127.0.0.1:`port` (True where /proc cannot say)."""
+    inodes = listening_inodes(port)
+    if not Path("/proc/net/tcp").exists():
+        return True
+    try:
+        links = [os.readlink(entry.path) for entry in os.scandir(f"/proc/{pid}/fd")]
+    except OSError:
+        return False
+    return any(link == f"socket:[{inode}]" for inode in inodes for link in links)
 
 
 def _terminate_group_quietly(pid: int) -> None:

@@ -42,6 +42,8 @@ MAX_BATCH = 4096
 MAX_TOKENS = 1 << 20  # sequence length
 MAX_LORA_R = 4096
 MAX_PORT = 65_535
+HOUR_S = 3600
+MAX_CONNECT_ATTEMPTS = 100
 
 
 class Model(BaseModel):
@@ -136,29 +138,108 @@ class LocalExecution(Model):
     type: Literal["local"] = "local"
 
 
-class SshExecution(Model):
-    type: Literal["ssh"]
-    ssh_host: str = Field(description="[user@]host[:port]")
-    ssh_key: str | None = Field(None, description="Private key path; SSH defaults otherwise")
-    remote_dir: str = "/tmp/mat-runs"
+class RemoteExecution(Model):
+    """What the ssh and docker targets share: the Python there and the training command's environment."""
 
-    @field_validator("ssh_host")
+    python: str = Field(
+        "python3",
+        description="Python on the target: runs mat's session helper, and the built-in train.py instead of "
+        "the interpreter mat runs under",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables set for training")
+    forward_env: list[str] = Field(
+        default_factory=lambda: ["MAT_FIXED_STEPS"],
+        description="Names of local environment variables passed on to training when they are set",
+    )
+
+    @field_validator("python")
     @classmethod
-    def _port_in_range(cls, value: str) -> str:
-        host = value.rpartition("@")[2]
-        if host.count(":") > 1 and not host.startswith("["):
-            return value  # a bare IPv6 address, no port
-        after_address = host.rpartition("]")[2] if host.startswith("[") else host
-        _, colon, port = after_address.rpartition(":")
-        if colon and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
-            raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
+    def _one_word(cls, value: str) -> str:
+        if not value.strip() or any(c.isspace() for c in value):
+            raise ValueError("must be one command or path, for example python3 or /opt/venv/bin/python")
         return value
 
 
-class DockerExecution(Model):
+def split_ssh_host(value: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (IPv6 as `[::1]:22`) as (user or None, host, port or None)."""
+    user, _, rest = value.rpartition("@")
+    port: str | None = None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else None
+        if tail and port is None:
+            raise ValueError(f"{value!r} is not [user@]host[:port]; write an IPv6 address as [::1]:22")
+    elif rest.count(":") == 1:
+        host, port = rest.split(":")
+    else:
+        host = rest
+    if not host or any(c.isspace() or c in "/'\"" for c in host) or "@" in user:
+        raise ValueError(f"{value!r} is not [user@]host[:port], for example trainer@gpu-box.example.com:2222")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= MAX_PORT):
+        raise ValueError(f"the port must be a number from 1 to {MAX_PORT}: [user@]host[:port]")
+    return user or None, host, int(port) if port else None
+
+
+class SshExecution(RemoteExecution):
+    type: Literal["ssh"]
+    ssh_host: str = Field(description="[user@]host[:port]")
+    ssh_port: int | None = Field(
+        None, ge=1, le=MAX_PORT, description="Port, when ssh_host has none; 22 if unset"
+    )
+    ssh_key: str | None = Field(
+        None, description="Private key path; the SSH agent and default keys otherwise"
+    )
+    remote_dir: str = Field("/tmp/mat-runs", description="Base directory on the host (absolute or ~/...)")
+    known_hosts: str | None = Field(
+        None, description="known_hosts file read besides ~/.ssh/known_hosts; accept_new writes here"
+    )
+    host_key_policy: Literal["strict", "accept_new"] = Field(
+        "strict", description="strict: unknown hosts are refused; accept_new: their key is recorded"
+    )
+    connect_timeout: float = Field(10, gt=0, le=HOUR_S, description="Seconds to wait for the connection")
+    connect_attempts: int = Field(
+        3, ge=1, le=MAX_CONNECT_ATTEMPTS, description="Tries to connect, with backoff, before giving up"
+    )
+    alive_timeout: float = Field(
+        30,
+        gt=0,
+        le=HOUR_S,
+        description="Seconds without a sign of life from the host before the connection is lost",
+    )
+
+    @field_validator("ssh_host")
+    @classmethod
+    def _host_shape(cls, value: str) -> str:
+        split_ssh_host(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_port(self) -> SshExecution:
+        _, _, port = split_ssh_host(self.ssh_host)
+        if port is not None and self.ssh_port is not None and port != self.ssh_port:
+            raise ValueError(f"ssh_host says port {port} and ssh_port says {self.ssh_port}; keep one")
+        return self
+
+    def address(self) -> tuple[str | None, str, int]:
+        """(user or None, host, port) of the target."""
+        user, host, port = split_ssh_host(self.ssh_host)
+        return user, host, port or self.ssh_port or 22
+
+
+class DockerExecution(RemoteExecution):
     type: Literal["docker"]
     container: str = Field(description="Name or id of a running container")
-    container_dir: str = "/tmp/mat-runs"
+    container_dir: str = Field("/tmp/mat-runs", description="Base directory inside the container (absolute)")
+    docker_host: str | None = Field(
+        None, description="Docker daemon URL; DOCKER_HOST or the default otherwise"
+    )
+
+    @field_validator("container_dir")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must be an absolute path inside the container, for example /tmp/mat-runs")
+        return value
 
 
 ExecutionConfig = Annotated[LocalExecution | SshExecution | DockerExecution, Field(discriminator="type")]

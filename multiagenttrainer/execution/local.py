@@ -4,6 +4,8 @@ The command starts with `start_new_session=True`, so it leads a new session and 
 holds everything it spawns (data-loader workers, a shell's children). When it runs past its timeout, or
 mat itself is interrupted, the group gets SIGTERM, then SIGKILL after a grace period, and mat checks that
 no member is left: not a process of the group, nor of the session (a child that moved to its own group).
+`stop(workspace)` does the same to the commands in flight (from another thread, on Ctrl-C or SIGTERM) and
+to whatever an earlier, killed mat left working in the workspace.
 """
 
 from __future__ import annotations
@@ -23,18 +25,14 @@ from multiagenttrainer.execution.base import RunOutcome
 from multiagenttrainer.processes import (
     GONE_TIMEOUT_S,
     group_alive,
-    has_proc,
-    read_stat,
     start_logged,
     stop_group,
+    terminate_processes_in,
 )
 
 log = logging.getLogger(__name__)
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
-
-_running_groups: set[int] = set()  # process groups of commands in flight, for terminate_running_groups
-_running_lock = threading.Lock()
 
 
 # ---------------------------------------------------------------- process groups
@@ -52,62 +50,13 @@ def kill_process_group(
         )
 
 
-def kill_groups_quietly(groups: set[int]) -> None:
+def kill_groups_quietly(groups: set[int], grace_s: float = GRACE_S) -> None:
     """Kill several process groups, logging (not raising) when one will not die."""
     for pgid in sorted(groups):
         try:
-            kill_process_group(pgid)
+            kill_process_group(pgid, grace_s=grace_s)
         except ExperimentError as exc:
             log.error("%s", exc)
-
-
-def terminate_running_groups() -> None:
-    """Kill every command this process is running (used when mat itself is interrupted)."""
-    with _running_lock:
-        groups = set(_running_groups)
-    kill_groups_quietly(groups)
-
-
-def working_in(pid: int, root: Path) -> bool:
-    """Whether a process's current directory is `root` or below it."""
-    try:
-        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-    except OSError:
-        return False
-    return cwd == root or root in cwd.parents
-
-
-def terminate_processes_in(directory: Path) -> list[int]:
-    """Kill the process groups of every process working in `directory`; return the groups killed.
-
-    This finds what a killed mat left running in a workspace (its training run, an agent). Processes of
-    mat's own session (the user's shell, mat itself, its git commands) are never touched.
-    """
-    if not has_proc():
-        return []
-    root = directory.resolve()
-    own = (os.getpgrp(), os.getsid(0))
-    groups: set[int] = set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or not working_in(int(entry.name), root):
-            continue
-        stat = read_stat(int(entry.name))
-        if stat is not None and stat[0] != "Z" and stat[1] not in own and stat[2] not in own:
-            groups.add(stat[1])
-    kill_groups_quietly(groups)
-    return sorted(groups)
-
-
-@contextlib.contextmanager
-def registered_group(pgid: int) -> Iterator[None]:
-    """Track a process group as running for as long as the block lasts."""
-    with _running_lock:
-        _running_groups.add(pgid)
-    try:
-        yield
-    finally:
-        with _running_lock:
-            _running_groups.discard(pgid)
 
 
 # ---------------------------------------------------------------- the executor
@@ -157,6 +106,8 @@ class LocalExecutor:
         self.cfg = cfg or LocalExecution()
         self.name = machine_name
         self.grace_s = grace_s  # between SIGTERM and SIGKILL
+        self._running: set[int] = set()  # process groups of the commands in flight, for stop()
+        self._lock = threading.Lock()
 
     def prepare(self, workspace: Path) -> None:
         """Check that the workspace exists; local training reads it in place."""
@@ -172,13 +123,31 @@ class LocalExecutor:
     def cleanup(self) -> None:
         """Nothing to release."""
 
+    def stop(self, workspace: Path) -> None:
+        """Kill the commands this executor runs and whatever an earlier mat left working in `workspace`."""
+        with self._lock:
+            groups = set(self._running)
+        kill_groups_quietly(groups, self.grace_s)
+        terminate_processes_in(workspace, self.grace_s)
+
+    @contextlib.contextmanager
+    def _registered(self, pgid: int) -> Iterator[None]:
+        """Track a process group as running for as long as the block lasts."""
+        with self._lock:
+            self._running.add(pgid)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running.discard(pgid)
+
     def run(
         self, workspace: Path, command: list[str], timeout_s: float, log_path: Path, env: dict[str, str]
     ) -> RunOutcome:
         """Run `command` in the workspace, output to `log_path`; kill its group on timeout or interrupt."""
         started = time.monotonic()
         proc = start_command(workspace, command, log_path, env)
-        with registered_group(proc.pid):
+        with self._registered(proc.pid):
             try:
                 exit_code, timed_out = wait_for_exit(proc, timeout_s, log_path, self.grace_s)
             except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler: no orphans

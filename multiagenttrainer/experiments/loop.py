@@ -334,6 +334,8 @@ def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str, list[str]]:
 
 def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, timeout_s: float) -> str | None:
     """Why a training run produced no result, or None when it did."""
+    if outcome.error:  # the target failed (a lost connection): its own reason
+        return outcome.error
     if outcome.timed_out:
         return f"training timed out after {timeout_s:.0f} s (2 x train_time + margin) and was killed"
     if outcome.exit_code != 0:

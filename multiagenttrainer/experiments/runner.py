@@ -69,7 +69,7 @@ from multiagenttrainer.experiments.run_state import (
     load_run,
 )
 from multiagenttrainer.history import ExperimentResult
-from multiagenttrainer.processes import pid_alive
+from multiagenttrainer.processes import pid_alive, stop_orphaned_scopes, terminate_processes_in
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.evaluator import load_evaluator
 from multiagenttrainer.workspace.setup import Workspace, clone_credentials, reopen_workspace, setup_workspace
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "run"
 STOP_WAIT_S = 30.0  # how long an interrupted run waits for its worker thread to wind down
+STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL for agents left working in the workspace
 RECOVERED_NOTE = "recovered from results.tsv after an interrupted run"
 
 
@@ -227,18 +228,15 @@ def still_running(state: RunState) -> bool:
 # ---------------------------------------------------------------- interrupts
 
 
-def stop_processes(workspace: Path) -> None:
-    """Kill whatever this run started: training commands, anything still running in the workspace, and
-    what a killed mat left in its process scopes."""
-    from multiagenttrainer.execution.local import terminate_processes_in, terminate_running_groups
-    from multiagenttrainer.processes import stop_orphaned_scopes
-
-    terminate_running_groups()
-    terminate_processes_in(workspace)
+def stop_processes(executor: Executor, workspace: Path) -> None:
+    """Kill whatever this run started: training on its target (through the executor), agents (they run on
+    this machine) still working in the workspace, and what a killed mat left in its process scopes."""
+    executor.stop(workspace)
+    terminate_processes_in(workspace, STOP_GRACE_S)
     stop_orphaned_scopes()
 
 
-_active_runs: dict[int, tuple[threading.Event, Path]] = {}  # id -> (stop flag, workspace), for SIGTERM
+_active_runs: dict[int, tuple[threading.Event, Executor, Path]] = {}  # id -> (stop flag, target, workspace)
 _active_lock = threading.Lock()
 _previous_handler: list[object] = []  # the SIGTERM handler to restore when the last run ends
 
@@ -247,14 +245,14 @@ def on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Stop every run of this process and kill what they are running; the loops then raise RunInterrupted."""
     with _active_lock:
         runs = list(_active_runs.values())
-    for stop, _ in runs:
+    for stop, _, _ in runs:
         stop.set()
-    for _, workspace in runs:
-        stop_processes(workspace)
+    for _, executor, workspace in runs:
+        stop_processes(executor, workspace)
 
 
 @contextlib.contextmanager
-def sigterm_stops(stop: threading.Event, workspace: Path) -> Iterator[None]:
+def sigterm_stops(stop: threading.Event, workspace: Path, executor: Executor) -> Iterator[None]:
     """While the block runs, SIGTERM stops this run and kills its processes.
 
     One handler serves every run of the process (several Runners may run at once); it is installed when
@@ -268,7 +266,7 @@ def sigterm_stops(stop: threading.Event, workspace: Path) -> Iterator[None]:
     with _active_lock:
         if not _active_runs:
             _previous_handler[:] = [signal.signal(signal.SIGTERM, on_sigterm)]
-        _active_runs[key] = (stop, workspace)
+        _active_runs[key] = (stop, executor, workspace)
     try:
         yield
     finally:
@@ -447,7 +445,7 @@ class Runner:
     def interrupt(self, loop: Loop) -> None:
         """Stop the run: the current step raises RunInterrupted, and whatever it runs is killed."""
         loop.stop.set()
-        stop_processes(loop.workspace.path)
+        stop_processes(loop.executor, loop.workspace.path)
 
     def end(self, loop: Loop, status: RunStatus, error: str | None = None) -> None:
         """Release the executor and record in run.json how the run ended."""
@@ -483,7 +481,7 @@ class Runner:
             finally:
                 finished.set()
 
-        with sigterm_stops(loop.stop, workspace.path):
+        with sigterm_stops(loop.stop, workspace.path, loop.executor):
             try:
                 await asyncio.to_thread(work)
             except (asyncio.CancelledError, KeyboardInterrupt):
@@ -535,7 +533,12 @@ class Runner:
             options=options,
         )
         workspace = reopen_workspace(run_dir, state.workspace)
-        stop_processes(workspace.path)  # a SIGKILLed mat leaves its training process running
+        if executor is None:
+            from multiagenttrainer.execution.registry import make_executor
+
+            runner.executor = make_executor(training.execution)
+        assert runner.executor is not None
+        stop_processes(runner.executor, workspace.path)  # a SIGKILLed mat leaves its training running
         reconcile_run(run_dir, state, workspace)
         state.status, state.pid, state.host = "running", os.getpid(), socket.gethostname()
         state.finished_at, state.error = None, None
@@ -586,5 +589,5 @@ def space_for_an_experiment(loop: Loop) -> int:
 def drive(runner: Runner, workspace: Workspace, max_experiments: int | None, step: Step) -> None:
     """Begin the run and run its experiments with `step` in this thread; SIGTERM stops it cleanly."""
     loop = runner.begin(workspace, max_experiments)
-    with sigterm_stops(loop.stop, workspace.path):
+    with sigterm_stops(loop.stop, workspace.path, loop.executor):
         run_loop(runner, loop, step)

@@ -14,7 +14,11 @@ import pytest
 from multiagenttrainer.config import DockerExecution, LocalExecution, SshExecution
 from multiagenttrainer.errors import ConfigError, ExperimentError
 from multiagenttrainer.execution import make_executor
-from multiagenttrainer.execution.local import LocalExecutor, terminate_processes_in, terminate_running_groups
+from multiagenttrainer.execution.docker import DockerExecutor
+from multiagenttrainer.execution.local import LocalExecutor
+from multiagenttrainer.execution.registry import executor_class
+from multiagenttrainer.execution.ssh import SshExecutor
+from multiagenttrainer.processes import terminate_processes_in
 from tests.experiments.helpers import processes_with, wait_for
 
 PY = sys.executable
@@ -96,10 +100,11 @@ def test_an_interrupt_while_waiting_kills_the_group_and_propagates(tmp_path: Pat
     assert processes_with(marker) == []
 
 
-def test_terminate_running_groups_stops_a_run_from_another_thread(tmp_path: Path, marker: str) -> None:
-    killer = threading.Timer(1.0, terminate_running_groups)
+def test_stop_ends_a_run_from_another_thread(tmp_path: Path, marker: str) -> None:
+    executor = LocalExecutor()
+    killer = threading.Timer(1.0, executor.stop, [tmp_path / "elsewhere"])
     killer.start()
-    outcome = LocalExecutor().run(tmp_path, [PY, "-c", SLEEPER, marker], 60, tmp_path / "run.log", {})
+    outcome = executor.run(tmp_path, [PY, "-c", SLEEPER, marker], 60, tmp_path / "run.log", {})
     killer.join()
     assert outcome.exit_code == -signal.SIGTERM and not outcome.timed_out
     assert outcome.duration_s < 30
@@ -118,7 +123,7 @@ def test_terminate_processes_in_spares_our_own_session(tmp_path: Path, marker: s
     )
     try:
         wait_for(lambda: len(processes_with(marker)) == 3, 10, "three sleepers")
-        assert terminate_processes_in(workspace) == [orphan.pid]
+        assert terminate_processes_in(workspace, grace_s=5) == [orphan.pid]
         assert orphan.wait(timeout=10) == -signal.SIGTERM
         assert ours.poll() is None and elsewhere.poll() is None
     finally:
@@ -132,10 +137,12 @@ def test_a_missing_command_is_a_clear_error(tmp_path: Path) -> None:
         LocalExecutor().run(tmp_path, ["no-such-trainer"], 5, tmp_path / "run.log", {})
 
 
-def test_registry_builds_local_and_lists_valid_types() -> None:
+def test_registry_builds_every_type_and_lists_valid_types() -> None:
     executor = make_executor(LocalExecution(), "gpu-box")
     assert isinstance(executor, LocalExecutor) and executor.name == "gpu-box"
-    with pytest.raises(ConfigError, match="'ssh' is not available; valid types: local"):
-        make_executor(SshExecution(type="ssh", ssh_host="gpu@10.0.0.2"))
-    with pytest.raises(ConfigError, match="'docker' is not available"):
-        make_executor(DockerExecution(type="docker", container="trainer"))
+    ssh = make_executor(SshExecution(type="ssh", ssh_host="gpu@10.0.0.2"))  # connects on first use
+    assert isinstance(ssh, SshExecutor) and ssh.name == "ssh"
+    docker = make_executor(DockerExecution(type="docker", container="trainer"), "box")
+    assert isinstance(docker, DockerExecutor) and docker.name == "box"
+    with pytest.raises(ConfigError, match="'podman' is not available; valid types: local, ssh, docker"):
+        executor_class("podman")

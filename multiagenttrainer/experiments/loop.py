@@ -38,16 +38,24 @@ from typing import Any
 from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import TrainingConfig
-from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.errors import ExperimentError, MatError
 from multiagenttrainer.execution.base import Executor, RunOutcome
+from multiagenttrainer.execution.local import LocalExecutor
 from multiagenttrainer.experiments.decide import decide
 from multiagenttrainer.experiments.guard import Guard, Undone
 from multiagenttrainer.experiments.results import RESULTS_FILE, append_result
 from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState
 from multiagenttrainer.history import ExperimentResult, Status
 from multiagenttrainer.workspace import gitops
-from multiagenttrainer.workspace.evaluator import Evaluator, load_evaluator
-from multiagenttrainer.workspace.scoring import Verdict, prepare_scoring, read_result, verdict
+from multiagenttrainer.workspace.evaluator import Evaluator, load_evaluator, workspace_imports
+from multiagenttrainer.workspace.scoring import (
+    CHECKPOINT_FILE,
+    PREPARE_FILE,
+    Verdict,
+    prepare_scoring,
+    read_result,
+    verdict,
+)
 from multiagenttrainer.workspace.setup import Workspace
 from multiagenttrainer.workspace.summary import parse_run_summary
 
@@ -86,10 +94,20 @@ class Loop:
     stop: threading.Event = field(default_factory=threading.Event)
     save_lock: threading.Lock = field(default_factory=threading.Lock)
     evaluator: Evaluator | None = None  # loaded from the run directory when not given
+    scoring_executor: Executor | None = None  # made on first use (see `scorer`)
 
     @property
     def machine(self) -> str:
         return self.executor.name
+
+    @property
+    def scorer(self) -> Executor:
+        """Where the independent evaluation runs: on this machine, which holds the held-out data and mat's
+        copies (they never go to the target); the loop's own executor when that is local."""
+        if self.scoring_executor is None:
+            local = isinstance(self.executor, LocalExecutor)
+            self.scoring_executor = self.executor if local else LocalExecutor(machine_name="scoring")
+        return self.scoring_executor
 
     @property
     def guard(self) -> Guard:
@@ -326,10 +344,32 @@ def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str, list[str]]:
         workspace.path, workspace.train_command, training_timeout_s(loop), log_path, workspace.env
     )
     check_stop(loop)
+    refused = fetch_outputs(loop, outcome)
     undone, tampered = loop.guard.after_training(attempt.commit, attempt.evaluator_hash)
+    tampered = sorted({*tampered, *refused})
     if undone:
         attempt.notes.append(f"training changed {name_paths(attempt.undone(undone, 'training'))} (reverted)")
     return outcome, read_log(log_path), tampered
+
+
+def fetch_outputs(loop: Loop, outcome: RunOutcome) -> list[str]:
+    """From a remote target, after a run that ended well, copy back what the guard and the scorer read: the
+    checkpoint, prepare.py and the workspace modules train.py imports (the data stays there: the next sync
+    puts it right, and the held-out score does not depend on it). Returns the paths the target refused to
+    copy (a link or an odd file where a file should be, which only the training run can have made)."""
+    if isinstance(loop.executor, LocalExecutor) or outcome.exit_code != 0 or outcome.error:
+        return []  # a crash either way; nothing is scored
+    workspace = loop.workspace.path
+    wanted = [CHECKPOINT_FILE, PREPARE_FILE]
+    wanted += [str(path.relative_to(workspace)) for path in workspace_imports(workspace)]
+    refused = []
+    for path in dict.fromkeys(wanted):
+        try:
+            loop.executor.fetch(workspace, [path])
+        except MatError as exc:
+            log.warning("run %s: %s", loop.state.run_id, exc)
+            refused.append(path)
+    return refused
 
 
 def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, timeout_s: float) -> str | None:
@@ -384,7 +424,7 @@ def scoring_timeout_s(loop: Loop) -> float:
 
 
 def score_independently(loop: Loop, attempt: Attempt, printed: float) -> Verdict:
-    """Score the checkpoint of `attempt.commit` apart from training, through the executor."""
+    """Score the checkpoint of `attempt.commit` apart from training, on this machine (`Loop.scorer`)."""
     workspace = loop.workspace
     job = prepare_scoring(
         loop.run_dir, workspace.path, workspace.kind, workspace.python, attempt.commit, loop.guard.evaluator
@@ -397,7 +437,7 @@ def score_independently(loop: Loop, attempt: Attempt, printed: float) -> Verdict
         return Verdict(None, reason, {})
     set_phase(loop, attempt, "scoring")
     log_path = loop.run_dir / log_name(attempt.experiment_id, "score.log")
-    outcome = loop.executor.run(job.directory, job.command, scoring_timeout_s(loop), log_path, workspace.env)
+    outcome = loop.scorer.run(job.directory, job.command, scoring_timeout_s(loop), log_path, workspace.env)
     check_stop(loop)
     result = read_result(job.result_path)
     if result is None:

@@ -446,6 +446,8 @@ class Runner:
         """Stop the run: the current step raises RunInterrupted, and whatever it runs is killed."""
         loop.stop.set()
         stop_processes(loop.executor, loop.workspace.path)
+        if loop.scoring_executor not in (None, loop.executor):  # an independent evaluation on this machine
+            loop.scorer.stop(loop.run_dir)
 
     def end(self, loop: Loop, status: RunStatus, error: str | None = None) -> None:
         """Release the executor and record in run.json how the run ended."""

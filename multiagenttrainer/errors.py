@@ -13,6 +13,8 @@
     ├── BackendError              a fine-tuning backend refused or failed a job  -> exit code 1
     │   └── TargetsFailed         some targets of `mat finetune start` failed; the others ran
     ├── ServeError                a model could not be loaded or served          -> exit code 1
+    ├── RequestRefused            `mat request` refused a request, with reasons   -> exit code 3
+    ├── PlannerError              the planner LLM failed, or its answer could not be read -> exit code 1
     └── NotificationError         an alert could not be sent (SES); logged, never fatal
 
 Third-party exceptions are translated into these at the adapter boundary (`raise ... from exc`),
@@ -111,6 +113,24 @@ class TargetsFailed(BackendError):
 
 class ServeError(MatError):
     """A model could not be loaded or served (`mat serve`, `mat finetune export`)."""
+
+
+class RequestRefused(MatError):
+    """A model request that cannot be met, or that the policy refuses; `reasons`: one line each."""
+
+    exit_code = 3
+
+    def __init__(self, request_id: str, reasons: list[str]) -> None:
+        self.request_id = request_id
+        self.reasons = list(reasons)
+        super().__init__(f"request {request_id} refused: " + "; ".join(self.reasons))
+
+    def __reduce__(self) -> tuple[type[RequestRefused], tuple[str, list[str]]]:
+        return (type(self), (self.request_id, self.reasons))  # Prefect pickles a failed flow's exception
+
+
+class PlannerError(MatError):
+    """The planner LLM command failed or answered something that is not what was asked for."""
 
 
 class NotificationError(MatError):

@@ -295,7 +295,8 @@ def fetch_sources(
 
 
 def ingest_summary(plan: IngestPlan, report: FetchReport, built: Built | None) -> dict[str, Any]:
-    """What the stage returns (and IngestIncomplete carries): outputs, per-source rows, failures."""
+    """What the stage returns (and IngestIncomplete carries): outputs, per-source rows, failures,
+    and the snapshots the corpus was built from (their trees are where later stages find LICENSE files)."""
     return {
         "corpus_dir": str(plan.corpus_dir),
         "corpus_txt": str(plan.corpus_txt),
@@ -303,6 +304,7 @@ def ingest_summary(plan: IngestPlan, report: FetchReport, built: Built | None) -
         "stats": built.stats if built else None,
         "failures": report.failures(),
         "sources": list(report.rows.values()),
+        "snapshots": [snapshot.to_dict() for snapshot in report.ordered_snapshots()],
     }
 
 

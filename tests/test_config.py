@@ -10,7 +10,9 @@ from multiagenttrainer.config import load_config, parse_config_text
 from multiagenttrainer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = sorted((ROOT / "configs").rglob("*.yaml"))
+REQUESTS = ROOT / "configs" / "requests"  # example `mat request` files, not configs
+SHIPPED = sorted(p for p in (ROOT / "configs").rglob("*.yaml") if REQUESTS not in p.parents)
+SHIPPED_REQUESTS = sorted(REQUESTS.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
@@ -23,6 +25,14 @@ def test_every_shipped_config_starts_with_a_comment_naming_a_mat_command(path: P
     first = path.read_text().splitlines()[0]
     assert first.startswith("#")
     assert "mat " in path.read_text().split("\n\n")[0]
+
+
+@pytest.mark.parametrize("path", SHIPPED_REQUESTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_request_validates_and_names_its_command(path: Path) -> None:
+    from multiagenttrainer.request.schema import load_request
+
+    load_request(path)
+    assert path.read_text().startswith("# ") and "mat request run" in path.read_text().splitlines()[0]
 
 
 def test_all_six_source_types_and_their_fields_load() -> None:

@@ -216,9 +216,24 @@ def test_every_size_count_and_time_field_has_an_upper_bound() -> None:
     unbounded = [
         name
         for name, info in fields
-        if not any(isinstance(m, annotated_types.Le | annotated_types.Lt) for m in info.metadata)
+        if not any(
+            isinstance(m, annotated_types.Le | annotated_types.Lt)
+            for m in [*info.metadata, *item_metadata(info.annotation)]
+        )
     ]
     assert unbounded == []
+
+
+def item_metadata(annotation: Any) -> list[Any]:
+    """The constraints on the items of a list field (`list[Annotated[float, Field(le=1)]]`)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in item_metadata(arg)]
+    if typing.get_origin(annotation) is not list:
+        return []
+    (item,) = typing.get_args(annotation)
+    if typing.get_origin(item) is not typing.Annotated:
+        return []
+    return [m for extra in typing.get_args(item)[1:] for m in getattr(extra, "metadata", [extra])]
 
 
 # --------------------------------------------------------------------------- MAT_* variables

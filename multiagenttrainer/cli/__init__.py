@@ -1,7 +1,7 @@
 """The `mat` command: parse arguments, load the config, call a flow or the library, render the result.
 
 The core commands live here; `mat server ...` in server.py, `mat finetune ...` in finetune.py, `mat serve`
-in serve.py, and what they all share in common.py.
+in serve.py, `mat request ...` in request.py, and what they all share in common.py.
 
 Prefect is imported only by the commands that run flows, after `configure_prefect_environment()`
 has pointed it at a running `mat server` (if any), so read-only commands stay fast.
@@ -29,6 +29,7 @@ from multiagenttrainer.cli.common import (
     warn,
 )
 from multiagenttrainer.cli.finetune import finetune_app
+from multiagenttrainer.cli.request import request_app
 from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
 from multiagenttrainer.config import load_config
@@ -45,6 +46,7 @@ config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True
 app.add_typer(config_app, name="config")
 app.add_typer(server_app, name="server")
 app.add_typer(finetune_app, name="finetune")
+app.add_typer(request_app, name="request")
 app.command("serve")(serve_command)
 
 

@@ -442,6 +442,76 @@ class ServeConfig(Model):
         return value
 
 
+# --------------------------------------------------------------------------- models and requests
+
+MAX_PARAMS = 10**13  # parameters of one model: far above any that exists
+MAX_MEMORY_GB = 100_000.0
+
+
+class ModelCandidate(Model):
+    """One entry of the `models:` catalog: a base model `mat request` may choose and fine-tune."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    model_id: str = Field(min_length=1, description="A local model folder or a Hugging Face hub id")
+    params: int = Field(ge=1, le=MAX_PARAMS, description="Parameter count, for the memory estimate")
+    use_4bit: bool = Field(False, description="Fine-tune with QLoRA (needs CUDA); ~0.5 GB per billion")
+
+
+LearningRate = Annotated[float, Field(gt=0, le=1)]
+LoraRank = Annotated[int, Field(ge=1, le=MAX_LORA_R)]
+
+
+class TrialsConfig(Model):
+    """The Model agent's short trials: a grid over learning rate and LoRA rank on the chosen candidates."""
+
+    learning_rates: list[LearningRate] = Field(
+        default_factory=lambda: [1e-4, 3e-4], min_length=1, max_length=16
+    )
+    lora_ranks: list[LoraRank] = Field(default_factory=lambda: [8, 16], min_length=1, max_length=16)
+    steps: int = Field(20, ge=1, le=MAX_STEPS, description="Optimizer steps of one trial")
+    max_candidates: int = Field(2, ge=1, le=100, description="Candidates tried: the smallest that fit")
+    parallel: int = Field(1, ge=1, le=64, description="Trials trained at once, each in its own process")
+
+
+class RequestConfig(Model):
+    """`mat request`: where requests go, the planner LLM and its policy, trials and the final training."""
+
+    output_dir: str = Field(".", description="Requests are written to <output_dir>/requests/<id>/")
+    planner_command: str | None = Field(
+        None, description="Command with {prompt} / {prompt_file} (or preset:claude) answering in YAML"
+    )
+    planner_timeout: int = Field(300, ge=1, le=WEEK_S, description="Seconds the planner may take")
+    policy: list[str] = Field(
+        default_factory=list, max_length=1000, description="Refusal rules the planner LLM checks"
+    )
+    trials: TrialsConfig = Field(default_factory=TrialsConfig)
+    full_steps: int = Field(
+        -1, ge=-1, le=MAX_STEPS, description="Steps of the final training; -1 trains full_epochs"
+    )
+    full_epochs: float = Field(1, gt=0, le=MAX_EPOCHS)
+    machine_memory_gb: float | None = Field(
+        None, gt=0, le=MAX_MEMORY_GB, description="Memory of the training machine; detected if unset"
+    )
+    latency_probe_runs: int = Field(5, ge=1, le=1000, description="Generations timed by the planner")
+    measure_requests: int = Field(10, ge=1, le=10_000, description="Requests the Server agent times")
+
+    @field_validator("full_steps")
+    @classmethod
+    def _steps_or_epochs(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("must be -1 (train full_epochs) or at least 1")
+        return value
+
+    @model_validator(mode="after")
+    def _policy_needs_planner(self) -> RequestConfig:
+        if self.policy and not (self.planner_command or "").strip():
+            raise ValueError(
+                "policy rules are checked by the planner LLM; set request.planner_command "
+                "(a command with {prompt}, or preset:claude) or remove request.policy"
+            )
+        return self
+
+
 # --------------------------------------------------------------------------- the whole file
 
 
@@ -465,6 +535,8 @@ class Config(BaseSettings):
     corpus: CorpusConfig = Field(default_factory=CorpusConfig)
     github: GithubConfig = Field(default_factory=GithubConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    models: list[ModelCandidate] = Field(default_factory=list, max_length=1000)
+    request: RequestConfig = Field(default_factory=RequestConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -480,6 +552,7 @@ class Config(BaseSettings):
     @model_validator(mode="after")
     def _unique_machine_names(self) -> Config:
         _reject_duplicates([m.name for m in self.machines], "machine")
+        _reject_duplicates([m.name for m in self.models], "model")
         return self
 
 

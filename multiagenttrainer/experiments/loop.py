@@ -259,7 +259,7 @@ def build_request(loop: Loop, experiment_id: int, mode: str, timeout_s: float) -
     from multiagenttrainer.agents.prompt import build_prompt
 
     history = list(loop.state.experiments)
-    prompt = build_prompt(loop.workspace.path, experiment_id, history, mode)
+    prompt = build_prompt(loop.workspace.path, experiment_id, history, mode, loop.workspace.train_command)
     return AgentRequest(
         workspace=loop.workspace.path,
         experiment_id=experiment_id,

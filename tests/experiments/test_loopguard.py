@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,8 @@ def test_git_traps_planted_by_the_agent_never_run_in_mats_git_calls_nor_on_resum
     results = run(runner, workspace)
 
     assert (trap_dir / "armed").is_file(), "the traps should fire for a git that reads the agent's config"
+    prompt = (run_dir / "prompts" / "exp-001.md").read_text()  # what the command agent was given
+    assert f"mat runs `{shlex.join(workspace.train_command)}`" in prompt
     assert {"included-fsmonitor", "filter", "external-diff"} <= set((trap_dir / "armed").read_text().split())
     assert not (trap_dir / "fired").exists(), (trap_dir / "fired").read_text()
     planted = results[1]

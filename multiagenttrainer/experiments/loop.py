@@ -20,14 +20,16 @@ git config back first, then every other change undone by content and listed on t
 
 A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing, an evaluator changed
 by training, a score that does not reproduce) is recorded as `crash` with the reason and the log tail,
-and the loop goes on. The order of the last steps makes a kill at any point recoverable: git is settled
-first, then the row is appended to results.tsv (the commit point that `--resume` trusts), then run.json
-is rewritten.
+and the loop goes on, except for a baseline that shows the machine cannot run train.py at all (a missing
+package, no CUDA GPU): that stops the run with the reason and the fix. The order of the last steps makes
+a kill at any point recoverable: git is settled first, then the row is appended to results.tsv (the commit
+point that `--resume` trusts), then run.json is rewritten.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -480,11 +482,68 @@ MODES: dict[str, Callable[[Loop, Attempt], list[ExperimentResult]]] = {
 
 
 def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-    """Run one experiment (the baseline always in harness mode) and record its result(s)."""
+    """Run one experiment (the baseline always in harness mode) and record its result(s).
+
+    A baseline that crashed because the machine cannot run train.py stops the run (BaselineUnusable).
+    """
     attempt = Attempt(experiment_id, best_commit(loop))
     clean_to(loop, attempt.base)
     mode = "harness" if experiment_id == 0 else loop.training.mode
     results = MODES[mode](loop, attempt)
     for result in results:
         record(loop, result)
+    if experiment_id == 0 and results and results[0].status == "crash":
+        check_baseline_runs(loop, read_log(loop.run_dir / log_name(0)))
     return results
+
+
+# ---------------------------------------------------------------- a baseline the machine cannot run
+
+_MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '(?P<name>[^']+)'", re.MULTILINE)
+_NO_GPU = re.compile(
+    r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available"
+    r"|CUDA is not available|CUDA driver version is insufficient|no CUDA-capable device"
+    r"|NVIDIA driver on your system is too old",
+    re.IGNORECASE,
+)
+
+
+class BaselineUnusable(ExperimentError):
+    """The baseline crashed for a reason no change to train.py can fix: every experiment would crash too."""
+
+
+def check_baseline_runs(loop: Loop, log_text: str) -> None:
+    """Raise BaselineUnusable when the baseline's log shows a missing package or a missing GPU."""
+    reason = missing_package_reason(loop, log_text) or missing_gpu_reason(loop, log_text)
+    if reason is not None:
+        raise BaselineUnusable(
+            f"the baseline crashed: {reason}; the run is stopped, since every experiment would crash "
+            f"the same way (see {loop.run_dir / 'logs' / log_name(0)}; fix it, then start a new run)"
+        )
+
+
+def missing_package_reason(loop: Loop, log_text: str) -> str | None:
+    """Why and how to fix a ModuleNotFoundError in the baseline's log, or None."""
+    found = _MISSING_MODULE.search(log_text)
+    if found is None:
+        return None
+    command = loop.workspace.train_command
+    where = f"the interpreter mat trains with ({command[0]}) cannot import {found['name']!r}"
+    if command[:2] == ["uv", "run"]:
+        return f"{where}; run `uv sync` in {loop.workspace.path} so uv installs the workspace's packages"
+    fix = f"install the packages the workspace's train.py needs into {command[0]}"
+    if loop.workspace.kind == "autoresearch":
+        fix += " (those in its pyproject.toml), or install uv so mat runs `uv run train.py`"
+    return f"{where}; {fix}"
+
+
+def missing_gpu_reason(loop: Loop, log_text: str) -> str | None:
+    """Why and how to fix a baseline that needs a CUDA GPU the training machine lacks, or None."""
+    found = _NO_GPU.search(log_text)
+    if found is None:
+        return None
+    return (
+        f"train.py needs a CUDA GPU and the machine that trains has none ({found.group(0)}); run on a "
+        "machine with an NVIDIA GPU and its driver (training.execution: an ssh or docker target), or use "
+        "a CPU fork of autoresearch (autoresearch.repo/branch)"
+    )

@@ -131,6 +131,16 @@ def checkpoint_fork(served_root: Path, scratch: Path) -> PublishedRepo:
     return publish(served_root, scratch, "forks/checkpoint", edit)
 
 
+@pytest.fixture(scope="session")
+def missing_package_repo(served_root: Path, scratch: Path) -> PublishedRepo:
+    """A fork whose train.py imports a package that is not installed (like the real one's `kernels`)."""
+
+    def edit(work: Path) -> None:
+        replace_in(work / "train.py", "import torch\n", "import mat_fixture_missing_kernels\nimport torch\n")
+
+    return publish(served_root, scratch, "forks/missing-package", edit)
+
+
 PIDFILE_ENV = "FAKE_AUTORESEARCH_PIDFILE"
 
 

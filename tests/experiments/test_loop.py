@@ -18,6 +18,7 @@ import pytest
 
 from multiagenttrainer.agents.command import CommandAgent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
+from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.experiments.loop import LoopOptions
 from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.experiments.runner import Runner
@@ -26,6 +27,7 @@ from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.workspace import gitops
 from tests.experiments.helpers import (
     REPO_ROOT,
+    TRIVIAL_TRAIN_PY,
     ByExperiment,
     CommittingAgent,
     ProtocolAgent,
@@ -291,3 +293,50 @@ def test_a_baseline_only_run_needs_no_agent(tmp_path: Path, corpus_dir: Path, ma
     workspace = runner.setup_workspace(corpus_dir)
     install_train_py(workspace)
     assert [r.description for r in run(runner, workspace)] == ["baseline"]
+
+
+MISSING_PACKAGE_TRAIN_PY = "import mat_missing_package_for_tests  # noqa\n"
+NO_GPU_TRAIN_PY = 'raise RuntimeError("Found no NVIDIA driver on your system. Please check your GPU")\n'
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (MISSING_PACKAGE_TRAIN_PY, "cannot import 'mat_missing_package_for_tests'; install the packages"),
+        (NO_GPU_TRAIN_PY, "train.py needs a CUDA GPU and the machine that trains has none (Found no NVIDIA"),
+    ],
+)
+def test_a_baseline_the_machine_cannot_run_stops_the_run_with_the_fix(
+    tmp_path: Path, corpus_dir: Path, source: str, reason: str
+) -> None:
+    training = TrainingConfig(max_experiments=4)
+    agent = ScheduleAgent({1: {"LEARNING_RATE": "0.002"}, 2: {"LEARNING_RATE": "0.003"}})
+    runner = Runner(AutoresearchConfig(), training, "nogo", output_dir=tmp_path, agent=agent)
+    workspace = runner.setup_workspace(corpus_dir)
+    install_train_py(workspace, source)
+    with pytest.raises(ExperimentError, match="the baseline crashed: ") as raised:
+        run(runner, workspace)
+    assert reason in str(raised.value) and "start a new run" in str(raised.value)
+    run_dir = tmp_path / str(runner.run_id)
+    rows = read_results(run_dir / "results.tsv")
+    assert [(row.description, row.status) for row in rows] == [("baseline", "crash")]  # no experiment 1
+    assert agent.requests == []
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["status"] == "failed" and reason in state["error"]
+
+
+def test_a_baseline_that_crashes_in_train_py_itself_lets_the_agents_fix_it(
+    tmp_path: Path, corpus_dir: Path
+) -> None:
+    """Only the machine's shortcomings stop a run: an ordinary exception in the baseline does not."""
+    runner = Runner(
+        AutoresearchConfig(),
+        TrainingConfig(max_experiments=2),
+        "oops",
+        output_dir=tmp_path,
+        agent=ScheduleAgent({1: {"EXIT_CODE": "0"}}),
+    )
+    workspace = runner.setup_workspace(corpus_dir)
+    install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("EXIT_CODE = 0", "EXIT_CODE = 1"))
+    results = run(runner, workspace)
+    assert [r.status for r in results] == ["crash", "keep"]

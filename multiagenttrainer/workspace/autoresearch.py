@@ -6,7 +6,9 @@ is left alone:
 
     autoresearch.repo @ branch --clone--> workspace/          (a normal work tree, depth 1, one branch)
     workspace/prepare.py: CACHE_DIR -> <run_dir>/cache/autoresearch, TIME_BUDGET -> autoresearch.train_time
-    workspace/program.md <- autoresearch.program_md           (when set)
+    workspace/prepare.py: download functions -> raise          (the data and tokenizer are fixed inputs)
+    workspace/program.md <- autoresearch.program_md, else mat's description of the workspace
+                            (paths, budget, the command mat runs: autoresearch_program.py)
     corpus.jsonl --chunk--> DATA_DIR/shard_00000.parquet ...  (train: every parquet but the val one)
                             DATA_DIR/shard_06542.parquet      (val: VAL_FILENAME, pinned)
     train_tokenizer() in the workspace --> TOKENIZER_DIR/tokenizer.pkl, token_bytes.pt
@@ -29,7 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ from multiagenttrainer.workspace.autoresearch_data import (
     chunk_chars_for,
     write_corpus_shards,
 )
+from multiagenttrainer.workspace.autoresearch_program import WorkspaceFacts, render_program_md
 
 DEFAULT_MAX_SEQ_LEN = 2048  # autoresearch's value, used when prepare.py does not say
 DEFAULT_VAL_FILENAME = "shard_06542.parquet"
@@ -190,6 +193,34 @@ def set_train_time(source: str, train_time_s: int, prepare_py: Path) -> str:
     """Make prepare.py's TIME_BUDGET `train_time_s` seconds."""
     code = f"{train_time_s}  # training time budget in seconds (set by mat from autoresearch.train_time)"
     return replace_assignment(source, "TIME_BUDGET", code, prepare_py, "TIME_BUDGET = 300")
+
+
+DOWNLOAD_DISABLED = (
+    "downloads are disabled in this workspace by mat: the data directory and the tokenizer are fixed "
+    "inputs made from your corpus (see program.md); do not run prepare.py"
+)
+
+
+def disable_downloads(source: str) -> tuple[str, list[str]]:
+    """(source, names): every top-level function whose name contains "download" made to raise at once.
+
+    autoresearch's `download_single_shard` and `download_data` fetch ClimbMix shards into DATA_DIR; in a
+    workspace mat prepared, running them would mix web text into the corpus. Each is replaced, decorators
+    and all, by `def <name>(*args, **kwargs): raise RuntimeError(...)`.
+    """
+    functions = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "download" in node.name.lower()
+    ]
+    lines = source.splitlines(keepends=True)
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    for node in sorted(functions, key=lambda n: n.lineno, reverse=True):
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+        body = f"    raise RuntimeError({DOWNLOAD_DISABLED!r}){newline}"
+        stub = f"def {node.name}(*args, **kwargs):{newline}{body}"
+        lines[first : node.end_lineno or node.lineno] = [stub]
+    return "".join(lines), sorted(node.name for node in functions)
 
 
 # ---------------------------------------------------------------- cloning
@@ -336,6 +367,7 @@ class CacheLayout:
     data_dir: Path
     tokenizer_dir: Path
     notes: list[str]
+    disabled: list[str] = field(default_factory=list)  # prepare.py's download functions, now raising
 
 
 def prepare_autoresearch_workspace(
@@ -354,10 +386,6 @@ def prepare_autoresearch_workspace(
     commit = clone_into_empty(location, cfg.branch, workspace, credentials)
     cache_dir = (run_dir / CACHE_SUBDIR).resolve()
     layout = edit_prepare(workspace, cache_dir, cfg.train_time)
-    changed = ["prepare.py"]
-    if program_md is not None:
-        shutil.copyfile(program_md, workspace / "program.md")
-        changed.append("program.md")
     chunk_chars = chunk_chars_for(layout.max_seq_len)
     stats = write_corpus_shards(
         corpus_jsonl, layout.data_dir, layout.val_filename, chunk_chars, shard_max_chars
@@ -373,6 +401,18 @@ def prepare_autoresearch_workspace(
     seconds = retrain_tokenizer(
         workspace, interpreter.python, layout.tokenizer_dir, log_path, tokenizer_timeout_s
     )
+    facts = WorkspaceFacts(
+        redact_url(location),
+        cfg.branch,
+        commit,
+        layout.data_dir,
+        layout.val_filename,
+        stats.train_shards,
+        layout.tokenizer_dir,
+        cfg.train_time,
+        interpreter.train,
+    )
+    write_program_md(workspace, program_md, facts)
     return AutoresearchSetup(
         train_command=interpreter.train,
         env={"PYTHONUNBUFFERED": "1"},
@@ -386,10 +426,18 @@ def prepare_autoresearch_workspace(
         max_seq_len=layout.max_seq_len,
         chunk_chars=chunk_chars,
         tokenizer_seconds=round(seconds, 2),
-        changed_files=changed,
+        changed_files=["prepare.py", "program.md"],
         python=interpreter.python,
         **asdict(stats),
     )
+
+
+def write_program_md(workspace: Path, given: Path | None, facts: WorkspaceFacts) -> None:
+    """The user's autoresearch.program_md as it is, else mat's description of this workspace."""
+    if given is not None:
+        shutil.copyfile(given, workspace / "program.md")
+    else:
+        (workspace / "program.md").write_text(render_program_md(facts), encoding="utf-8")
 
 
 def check_settings(cfg: AutoresearchConfig, workspace: Path) -> tuple[str, Path | None]:
@@ -431,10 +479,14 @@ def edit_prepare(workspace: Path, cache_dir: Path, train_time_s: int) -> CacheLa
     try:
         source = prepare_py.read_bytes().decode("utf-8")  # bytes: keep the file's own line endings
         source = set_train_time(point_cache_at(source, cache_dir, prepare_py), train_time_s, prepare_py)
+        source, disabled = disable_downloads(source)
     except (SyntaxError, UnicodeDecodeError) as exc:
         raise ExperimentError(f"{prepare_py} is not valid Python ({exc}); check autoresearch.branch") from exc
     prepare_py.write_bytes(source.encode("utf-8"))
-    return cache_layout(read_constants(source), cache_dir)
+    layout = cache_layout(read_constants(source), cache_dir)
+    if disabled:
+        layout.notes.append(f"downloads disabled in prepare.py ({', '.join(disabled)} raise)")
+    return replace(layout, disabled=disabled)
 
 
 def cache_layout(constants: dict[str, Any], cache_dir: Path) -> CacheLayout:

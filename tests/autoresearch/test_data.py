@@ -10,6 +10,7 @@ import pytest
 from multiagenttrainer.errors import CorpusError, ExperimentError
 from multiagenttrainer.workspace.autoresearch import (
     cache_layout,
+    disable_downloads,
     edit_prepare,
     point_cache_at,
     read_constants,
@@ -225,3 +226,22 @@ def test_a_corpus_of_blank_files_is_refused(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", records)
     with pytest.raises(CorpusError, match="no text to train or validate on"):
         write_corpus_shards(corpus, tmp_path / "data", "shard_06542.parquet", 768, 10**9)
+
+
+def test_download_functions_are_replaced_whole_and_nothing_else() -> None:
+    source = (
+        "import functools\r\n\r\n"
+        "@functools.lru_cache\r\ndef download_single_shard(index):\r\n    return fetch(index)\r\n\r\n"
+        "def download_data(n):\r\n    '''Doc.'''\r\n"
+        "    for i in range(n):\r\n        download_single_shard(i)\r\n\r\n"
+        "def train_tokenizer():\r\n    return 1\r\n"
+    )
+    edited, names = disable_downloads(source)
+    assert names == ["download_data", "download_single_shard"]
+    assert "lru_cache" not in edited and "fetch(" not in edited and edited.count("\r\n") == edited.count("\n")
+    assert edited.endswith("def train_tokenizer():\r\n    return 1\r\n")
+    namespace: dict[str, object] = {}
+    exec(compile(edited, "prepare.py", "exec"), namespace)
+    with pytest.raises(RuntimeError, match="downloads are disabled in this workspace by mat"):
+        namespace["download_data"](3)  # type: ignore[operator]
+    assert disable_downloads("X = 1\n") == ("X = 1\n", [])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ def run_with(
     )
     workspace = runner.setup_workspace(corpus)
     workspace.env["MAT_FIXED_STEPS"] = "3"
+    workspace.env["MAT_TEST_PYTHON"] = sys.executable  # for follow_old_program.py
     return runner, asyncio.run(runner.run_experiments(workspace))
 
 
@@ -57,7 +59,7 @@ def test_prepare_data_and_tokenizer_are_the_evaluator_and_are_restored(
         tmp_path,
         fake_autoresearch,
         library_corpus,
-        {1: "skip_worktree_prepare.py", 2: "tamper_autoresearch_cache.py"},
+        {1: "skip_worktree_prepare.py", 2: "tamper_autoresearch_cache.py", 3: "follow_old_program.py"},
     )
     run_dir = tmp_path / str(runner.run_id)
     state = json.loads((run_dir / "run.json").read_text())
@@ -65,7 +67,7 @@ def test_prepare_data_and_tokenizer_are_the_evaluator_and_are_restored(
     assert {"prepare.py", VAL_SHARD, "cache/autoresearch/tokenizer/tokenizer.pkl"} <= set(files)
     assert state["workspace"]["evaluation"] == "summary"
 
-    baseline, hidden, tampered = results
+    baseline, hidden, tampered, downloader = results
     assert hidden.status in {"keep", "discard"} and hidden.notes == ["reverted edits to prepare.py"]
     assert hidden.val_bpb is not None and abs(hidden.val_bpb - (baseline.val_bpb or 0)) < 1.0  # not 0.123
     assert ("prepare.py", "modified", "agent") in reverted(hidden)
@@ -77,6 +79,16 @@ def test_prepare_data_and_tokenizer_are_the_evaluator_and_are_restored(
     assert not (run_dir / "cache/autoresearch/data/shard_00050.parquet").exists()
     assert hashlib.sha256((run_dir / VAL_SHARD).read_bytes()).hexdigest() == files[VAL_SHARD]
     assert tampered.evaluator_hash == baseline.evaluator_hash == state["evaluator"]["hash"]
+
+    # An agent that follows autoresearch's own program.md runs prepare.py to download data: refused.
+    agent_log = (run_dir / "logs" / "exp-003.agent.log").read_text()
+    assert agent_log.count("RuntimeError: downloads are disabled in this workspace by mat") == 2, agent_log
+    assert downloader.status in {"keep", "discard"} and downloader.reverted == []
+    assert sorted(p.name for p in (run_dir / "cache/autoresearch/data").iterdir()) == [
+        "shard_00000.parquet",
+        "shard_06542.parquet",
+    ]
+    assert downloader.evaluator_hash == baseline.evaluator_hash
 
 
 def test_verify_rescored_a_forks_checkpoint_and_catches_a_constant(

@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from multiagenttrainer.workspace.autoresearch import AutoresearchSetup, read_constants
+from multiagenttrainer.workspace.autoresearch import AutoresearchSetup, disable_downloads, read_constants
 from multiagenttrainer.workspace.summary import parse_run_summary
 from tests.autoresearch.conftest import ASSET_DIR, BRANCH_MARKER, PublishedRepo, set_up
 from tests.git_sources.servers import GitHttpServer, git
@@ -105,9 +106,9 @@ def test_workspace_is_the_repository_at_the_branch(
     assert prepared.setup.commit == fake_autoresearch.head("master")
     assert prepared.setup.branch == "master"
     assert (prepared.workspace / BRANCH_MARKER).read_text() == "master\n"
-    # Only the set-up's own edit is pending; the caller commits it as the baseline.
-    assert modified_files(prepared.workspace) == {"prepare.py"}
-    assert prepared.setup.changed_files == ["prepare.py"]
+    # Only the set-up's own edits are pending; the caller commits them as the baseline.
+    assert modified_files(prepared.workspace) == {"prepare.py", "program.md"}
+    assert prepared.setup.changed_files == ["prepare.py", "program.md"]
 
 
 def test_cache_dir_and_time_budget_are_rewritten_and_nothing_else(prepared: Prepared) -> None:
@@ -117,10 +118,48 @@ def test_cache_dir_and_time_budget_are_rewritten_and_nothing_else(prepared: Prep
     assert constants["CACHE_DIR"] == str(cache) == prepared.setup.cache_dir
     assert constants["DATA_DIR"] == str(cache / "data") == prepared.setup.data_dir
     assert constants["TIME_BUDGET"] == 42
-    original = (ASSET_DIR / "prepare.py").read_text().splitlines()
-    changed = [new for old, new in zip(original, source.splitlines(), strict=True) if old != new]
+    original, _ = disable_downloads((ASSET_DIR / "prepare.py").read_text())  # tested below
+    changed = [new for old, new in zip(original.splitlines(), source.splitlines(), strict=True) if old != new]
     assert [line.split(" = ")[0] for line in changed] == ["TIME_BUDGET", "CACHE_DIR"]
     assert "expanduser" not in changed[1]
+
+
+def test_downloads_are_disabled_and_the_data_left_alone(prepared: Prepared) -> None:
+    """Running prepare.py as autoresearch's program.md says (it downloads shards) fails with the reason."""
+    source = (prepared.workspace / "prepare.py").read_text()
+    assert "def download_single_shard(*args, **kwargs):\n    raise RuntimeError(" in source
+    assert "def download_data(*args, **kwargs):\n    raise RuntimeError(" in source
+    assert (
+        "downloads disabled in prepare.py (download_data, download_single_shard raise)"
+        in prepared.setup.notes
+    )
+    before = sorted(path.name for path in data_dir(prepared).iterdir())
+    done = subprocess.run(
+        [*prepared.setup.python, "prepare.py", "--num-shards", "3"],
+        cwd=prepared.workspace,
+        capture_output=True,
+        text=True,
+        timeout=TRAIN_TIMEOUT_S,
+    )
+    assert done.returncode != 0
+    assert "RuntimeError: downloads are disabled in this workspace by mat" in done.stderr
+    assert sorted(path.name for path in data_dir(prepared).iterdir()) == before
+
+
+def test_program_md_describes_the_workspace_as_it_is(prepared: Prepared) -> None:
+    program = (prepared.workspace / "program.md").read_text()
+    setup = prepared.setup
+    assert f"`{setup.data_dir}` holds 1 training shard(s)" in program
+    assert f"`{setup.tokenizer_dir}` (`tokenizer.pkl`, `token_bytes.pt`)" in program
+    assert "`TIME_BUDGET = 42` seconds of training per run" in program
+    assert (
+        f"The command mat runs, in this directory: `{shlex.join(setup.train_command)} > run.log 2>&1`"
+        in program
+    )
+    assert f"commit {setup.commit[:12]}" in program
+    original = (ASSET_DIR / "program.md").read_text()
+    for stale in ("uv run prepare.py", "5 minutes", "uv run train.py"):
+        assert stale in original and stale not in program
 
 
 # ---------------------------------------------------------------- the shards

@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from multiagenttrainer.experiments.run_state import RunState
 from multiagenttrainer.history import ExperimentResult
-from multiagenttrainer.report import first_line
+from multiagenttrainer.report import first_line, setup_fact_lines, setup_warning
 
 
 def human_bytes(n: float) -> str:
@@ -193,6 +194,17 @@ class TrainReporter:
             self._say(f"run {state.run_id}: resuming after {done} experiments")
         else:
             self._say(f"run {state.run_id}: {state.max_experiments} experiments in {run_dir}")
+            for fact in setup_fact_lines(state.workspace):
+                self._say(f"  {escape(fact)}")
 
     def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         self._say(experiment_line(result, state))
+        if result.experiment_id != 0:
+            return
+        facts = setup_fact_lines(state.workspace, detail=False)
+        repeats = next((fact for fact in facts if fact.startswith("the corpus repeats")), None)
+        if repeats:
+            self._say(f"  {escape(repeats)}")
+        warning = setup_warning(state.workspace)
+        if warning:
+            self._say(f"warning: {escape(warning)}")

@@ -8,6 +8,7 @@ global state), so reports can be written from worker threads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -130,6 +131,7 @@ def escape_cell(text: str) -> str:
 def render_report_markdown(state: RunState) -> str:
     """The whole report.md for a run."""
     lines = [f"# Training run {state.name} ({state.run_id})", "", *_summary_lines(state), ""]
+    lines += _setup_lines(state)
     lines += ["## Experiments", "", *_table_lines(state), ""]
     if state.experiments:
         lines += [
@@ -163,6 +165,55 @@ def _reverted_lines(state: RunState) -> list[str]:
         "base commit or its own record of the evaluator, before anything ran again:"
     )
     return ["## Changes mat reverted", "", intro, "", *entries, ""]
+
+
+def _fact(facts: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """facts[key] when it has the expected type (run.json may have been edited), else None."""
+    value = facts.get(key)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def setup_fact_lines(workspace: Mapping[str, Any], detail: bool = True) -> list[str]:
+    """What set-up found, as plain sentences: report.md's Set-up section and `mat train`'s first lines
+    (without `detail`: not how the repeat count was estimated)."""
+    facts = workspace.get("facts")
+    if not isinstance(facts, Mapping):
+        return []
+    lines = []
+    if _fact(facts, "repo", str):
+        commit = (_fact(facts, "commit", str) or "?")[:12]
+        lines.append(f"autoresearch: {facts['repo']} branch {_fact(facts, 'branch', str)}, commit {commit}")
+    if _fact(facts, "train_shards", int) is not None:
+        lines.append(
+            f"data: {facts['train_shards']} train shards ({_fact(facts, 'train_rows', int)} rows), "
+            f"val shard {_fact(facts, 'val_rows', int)} rows"
+        )
+    if _fact(facts, "train_tokens", int):
+        val = _fact(facts, "val_tokens", int) or 0
+        lines.append(f"tokens: {facts['train_tokens']:,} to train on, {val:,} to validate on")
+    if _fact(facts, "recut_documents", int):
+        lines.append(f"{facts['recut_documents']} documents were cut finer to fit MAX_SEQ_LEN tokens a row")
+    if _fact(facts, "corpus_repeats", (float, int)) is not None:
+        how = f" ({_fact(facts, 'corpus_repeats_how', str) or 'estimate'})" if detail else ""
+        lines.append(f"the corpus repeats {facts['corpus_repeats']} times within one training budget{how}")
+    lines += [note for note in (_fact(facts, "notes", list) or []) if isinstance(note, str)]
+    return lines
+
+
+def setup_warning(workspace: Mapping[str, Any]) -> str | None:
+    """The set-up's warning (a corpus that repeats many times in one budget), if any."""
+    facts = workspace.get("facts")
+    return _fact(facts, "warning", str) if isinstance(facts, Mapping) else None
+
+
+def _setup_lines(state: RunState) -> list[str]:
+    facts = setup_fact_lines(state.workspace)
+    warning = setup_warning(state.workspace)
+    if not facts and not warning:
+        return []
+    lines = ["## Set-up", ""]
+    lines += [f"- **Warning:** {escape_cell(warning)}"] if warning else []
+    return [*lines, *(f"- {escape_cell(fact)}" for fact in facts), ""]
 
 
 def _summary_lines(state: RunState) -> list[str]:

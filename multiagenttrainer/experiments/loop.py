@@ -490,11 +490,58 @@ def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
     clean_to(loop, attempt.base)
     mode = "harness" if experiment_id == 0 else loop.training.mode
     results = MODES[mode](loop, attempt)
+    if experiment_id == 0 and results:
+        note_corpus_repeats(loop, results[0])
     for result in results:
         record(loop, result)
     if experiment_id == 0 and results and results[0].status == "crash":
         check_baseline_runs(loop, read_log(loop.run_dir / log_name(0)))
     return results
+
+
+# ---------------------------------------------------------------- how often the corpus repeats
+
+REPEATS_WARNING = 10.0  # more passes over the training data than this in one budget: mostly memorising
+
+
+def note_corpus_repeats(loop: Loop, baseline: ExperimentResult) -> None:
+    """Add to the workspace's facts (run.json) how many times the baseline went through the training data."""
+    facts = loop.workspace.facts
+    found = corpus_repeats(facts, baseline.summary or {})
+    if found is None:
+        return
+    facts.update(found)
+    loop.state.workspace = loop.workspace.to_dict()
+
+
+def corpus_repeats(facts: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
+    """{corpus_repeats, corpus_repeats_how[, warning]} from the baseline's summary, or None when unknown.
+
+    Tokens trained: the baseline's steps x the tokens one step trains on (train.py's constants), else the
+    summary's total_tokens_M; over the training tokens set-up counted.
+    """
+    train_tokens, per_step = facts.get("train_tokens"), facts.get("tokens_per_step")
+    steps, total_m = summary.get("num_steps"), summary.get("total_tokens_M")
+    if not isinstance(train_tokens, int) or train_tokens <= 0:
+        return None
+    if isinstance(steps, int | float) and steps > 0 and isinstance(per_step, int) and per_step > 0:
+        trained, how = int(steps) * per_step, f"{int(steps)} steps x {per_step:,} tokens per step"
+    elif isinstance(total_m, int | float) and total_m > 0:
+        trained, how = int(total_m * 1e6), f"total_tokens_M {total_m} in its summary"
+    else:
+        return None
+    repeats = trained / train_tokens
+    found: dict[str, Any] = {
+        "corpus_repeats": round(repeats, 2),
+        "corpus_repeats_how": f"the baseline trained {how} = {trained:,} tokens; the corpus has "
+        f"{train_tokens:,} training tokens",
+    }
+    if repeats > REPEATS_WARNING:
+        found["warning"] = (
+            f"the corpus repeats about {repeats:.0f} times within one training budget, so the model mostly "
+            "memorises it; add repositories to the corpus or shorten autoresearch.train_time"
+        )
+    return found
 
 
 # ---------------------------------------------------------------- a baseline the machine cannot run

@@ -75,6 +75,7 @@ class Workspace:
     baseline_commit: str = ""
     evaluation: Evaluation = "summary"
     python: list[str] = field(default_factory=list)  # the interpreter for the scorer; mat's own when empty
+    facts: dict[str, Any] = field(default_factory=dict)  # what set-up found, for run.json and the report only
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
@@ -242,14 +243,49 @@ def reopen_workspace(run_dir: Path, record: Mapping[str, Any]) -> Workspace:
 
 def setup_builtin(
     workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
-) -> tuple[list[str], list[Path]]:
-    """Render the built-in template and its data into a new repository; return the training command and
-    the data directories of the evaluator."""
+) -> tuple[list[str], list[Path], dict[str, Any]]:
+    """Render the built-in template and its data into a new repository; return the training command,
+    the data directories of the evaluator and the set-up's facts."""
     gitops.init_repo(workspace, branch)
     render_template(workspace, cfg.train_time, program_md_path(cfg))
     stats = write_builtin_data(corpus_jsonl, workspace / "data", (run_dir / HOLDOUT_REL).parent)
     log.info("built-in workspace data: %s", stats)
-    return train_command_for("builtin", workspace), [workspace / "data"]
+    return train_command_for("builtin", workspace), [workspace / "data"], builtin_facts(stats, workspace)
+
+
+def builtin_facts(stats: Mapping[str, Any], workspace: Path) -> dict[str, Any]:
+    """The built-in workspace's data (one token per byte) and how many tokens a step trains on."""
+    from multiagenttrainer.workspace.autoresearch import read_constants
+
+    constants = read_constants((workspace / "train.py").read_text(encoding="utf-8"))
+    batch, seq_len = constants.get("BATCH_SIZE"), constants.get("SEQ_LEN")
+    per_step = batch * seq_len if isinstance(batch, int) and isinstance(seq_len, int) else 0
+    return {
+        "train_documents": stats.get("train_documents", 0),
+        "val_documents": stats.get("val_documents", 0),
+        "train_tokens": stats.get("train_bytes", 0),
+        "val_tokens": stats.get("val_bytes", 0),
+        "tokens_per_step": per_step,
+        "notes": [stats["note"]] if stats.get("note") else [],
+    }
+
+
+AUTORESEARCH_FACTS = {  # AutoresearchSetup field -> fact
+    "repo": "repo",
+    "branch": "branch",
+    "commit": "commit",
+    "train_shards": "train_shards",
+    "train_documents": "train_documents",
+    "val_documents": "val_documents",
+    "train_chunks": "train_rows",
+    "val_chunks": "val_rows",
+    "train_tokens": "train_tokens",
+    "val_tokens": "val_tokens",
+    "tokens_per_step": "tokens_per_step",
+    "recut_documents": "recut_documents",
+    "rows_over_limit": "rows_over_limit",
+    "notes": "notes",
+}
 
 
 def evaluator_files(workspace: Path, data_dirs: list[Path], run_dir: Path, kind: WorkspaceKind) -> list[Path]:
@@ -289,11 +325,13 @@ def setup_autoresearch(
         log.info("autoresearch workspace: %s", note)
     gitops.configure_repo(workspace)
     gitops.create_branch(workspace, branch)
+    recorded = prepared.to_dict()
     return AutoresearchCommands(
         list(prepared.train_command),
         dict(prepared.env),
         list(prepared.python),
         [Path(prepared.data_dir), Path(prepared.tokenizer_dir)],
+        {fact: recorded[name] for name, fact in AUTORESEARCH_FACTS.items()},
     )
 
 
@@ -305,6 +343,7 @@ class AutoresearchCommands:
     env: dict[str, str]
     python: list[str]
     data_dirs: list[Path]
+    facts: dict[str, Any]
 
 
 def setup_workspace(
@@ -333,8 +372,9 @@ def setup_workspace(
         command, data_dirs, python = commands.train, commands.data_dirs, commands.python
         base_env.update(commands.env)
         evaluation = "independent" if autoresearch_cfg.verify else "summary"
+        facts = commands.facts
     else:
-        command, data_dirs = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
+        command, data_dirs, facts = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
         kind = "builtin"
     write_gitignore(workspace)
     baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
@@ -349,4 +389,5 @@ def setup_workspace(
         baseline_commit=baseline,
         evaluation=evaluation,
         python=python,
+        facts=facts,
     )

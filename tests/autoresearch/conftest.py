@@ -201,10 +201,12 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
 
 @pytest.fixture(scope="session")
 def library_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """corpus.jsonl of mat's library sources, with a val split (every 8th file)."""
-    return write_jsonl(
-        tmp_path_factory.mktemp("corpus-lib") / "corpus.jsonl", source_records(LIBRARY_DIR, "acme/mat", 8)
-    )
+    """corpus.jsonl of mat's library sources, with a val split (every 8th file), and one generated file of
+    very long lines (a data table on one line each: many tokens per character for a small tokenizer)."""
+    records = source_records(LIBRARY_DIR, "acme/mat", 8)
+    table = "".join(f"ROW_{n} = [{', '.join(str(n * i % 997) for i in range(900))}]\n" for n in range(6))
+    records.append({**records[1], "path": "generated/table.py", "bytes": len(table), "text": table})
+    return write_jsonl(tmp_path_factory.mktemp("corpus-lib") / "corpus.jsonl", records)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from multiagenttrainer.agents.command import CommandAgent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
 from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.history import ExperimentResult
+from multiagenttrainer.report import render_report_markdown
 from tests.autoresearch.conftest import ASSET_DIR, PublishedRepo
 
 pytestmark = pytest.mark.integration
@@ -66,6 +67,15 @@ def test_prepare_data_and_tokenizer_are_the_evaluator_and_are_restored(
     files = state["evaluator"]["files"]
     assert {"prepare.py", VAL_SHARD, "cache/autoresearch/tokenizer/tokenizer.pkl"} <= set(files)
     assert state["workspace"]["evaluation"] == "summary"
+    facts = state["workspace"]["facts"]  # the set-up's facts, for the report and `mat train`
+    assert facts["commit"] == fake_autoresearch.head("master") and facts["branch"] == "master"
+    assert facts["train_shards"] == 1 and facts["train_rows"] > 0 and facts["val_rows"] > 0
+    assert facts["train_tokens"] > facts["train_rows"] and facts["tokens_per_step"] == 8 * 256
+    assert facts["corpus_repeats"] == round(3 * 8 * 256 / facts["train_tokens"], 2)  # MAT_FIXED_STEPS=3
+    assert any("is not a uv project; that interpreter needs the packages" in n for n in facts["notes"])
+    report = render_report_markdown(runner.state)  # type: ignore[arg-type]
+    origin = fake_autoresearch.bare.resolve()
+    assert f"- autoresearch: {origin} branch master, commit {facts['commit'][:12]}" in report
 
     baseline, hidden, tampered, downloader = results
     assert hidden.status in {"keep", "discard"} and hidden.notes == ["reverted edits to prepare.py"]

@@ -7,6 +7,7 @@ val_bpb is a known function of its constants, so every keep/discard/crash is pre
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from multiagenttrainer.agents.command import CommandAgent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
@@ -24,6 +26,8 @@ from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive
+from multiagenttrainer.render import TrainReporter
+from multiagenttrainer.report import render_report_markdown
 from multiagenttrainer.workspace import gitops
 from tests.experiments.helpers import (
     REPO_ROOT,
@@ -340,3 +344,41 @@ def test_a_baseline_that_crashes_in_train_py_itself_lets_the_agents_fix_it(
     install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("EXIT_CODE = 0", "EXIT_CODE = 1"))
     results = run(runner, workspace)
     assert [r.status for r in results] == ["crash", "keep"]
+
+
+def test_set_up_facts_and_how_often_the_corpus_repeats_reach_run_json_the_report_and_mat_train(
+    tmp_path: Path, corpus_dir: Path
+) -> None:
+    """The baseline trains 10000 steps x BATCH_SIZE x SEQ_LEN tokens (the template's constants) over a corpus
+    of far fewer tokens: the repeat count is recorded, and a warning shown, in every place a user looks."""
+    printed = io.StringIO()
+    reporter = TrainReporter(Console(file=printed, width=300))
+    runner = Runner(AutoresearchConfig(), TrainingConfig(max_experiments=1), "repeats", output_dir=tmp_path)
+    runner.hooks.append(lambda result: reporter.experiment_finished(result, runner.state))  # type: ignore[arg-type]
+    workspace = runner.setup_workspace(corpus_dir)
+    facts = dict(workspace.facts)
+    assert facts["tokens_per_step"] == 16 * 128 and facts["train_tokens"] > 0
+    install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("num_steps:        1", "num_steps:        10000"))
+    assert runner.state is not None and runner.run_dir is not None
+    reporter.run_started(runner.run_dir, runner.state)
+    run(runner, workspace)
+
+    repeats = round(10000 * 16 * 128 / facts["train_tokens"], 2)
+    assert repeats > 10
+    state = json.loads((runner.run_dir / "run.json").read_text())
+    recorded = state["workspace"]["facts"]
+    assert recorded["corpus_repeats"] == repeats
+    assert recorded["corpus_repeats_how"].startswith(
+        "the baseline trained 10000 steps x 2,048 tokens per step"
+    )
+    assert recorded["warning"].startswith(f"the corpus repeats about {repeats:.0f} times within one training")
+    report = render_report_markdown(runner.state)  # what report.md holds
+    assert "## Set-up" in report and f"- **Warning:** the corpus repeats about {repeats:.0f} times" in report
+    assert f"- tokens: {facts['train_tokens']:,} to train on" in report
+    lines = printed.getvalue().splitlines()
+    assert f"  tokens: {facts['train_tokens']:,} to train on, {facts['val_tokens']:,} to validate on" in lines
+    assert f"  the corpus repeats {repeats} times within one training budget" in lines
+    assert (
+        f"the corpus repeats {repeats} times within one training budget (the baseline trained 10000" in report
+    )
+    assert any(line.startswith(f"warning: the corpus repeats about {repeats:.0f} times") for line in lines)

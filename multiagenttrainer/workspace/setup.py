@@ -83,6 +83,8 @@ class Workspace:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workspace:
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        facts = values.get("facts")
+        values["facts"] = dict(facts) if isinstance(facts, dict) else {}  # informational only
         return cls(**{**values, "path": Path(values["path"])})
 
 

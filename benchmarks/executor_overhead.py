@@ -20,8 +20,11 @@ Without addresses it starts its own targets with the test suite's helpers (root 
 with a dedicated user (tests/support/sshd.py) and dockerd with a busybox container that mounts this
 machine's Python (tests/support/dockerd.py); all are stopped at the end.
 
-Measurements are a registry (MEASUREMENTS): experiments per minute of 2 machines against 1 joins it when
-multi-machine runs land (issue 10, "Several machines").
+Measurements are a registry (MEASUREMENTS). The second, "machines", runs a real multi-machine run (the
+Runner with `machines:`, experiments/fleet.py) with 1 and then 2 local machines: the same trivial agent
+(edits LEARNING_RATE) and a train.py that sleeps --train-s seconds like a fixed training budget, and prints
+experiments per minute of each after the baseline (which runs alone by design) and overall, and their ratio
+(target: 2 machines at least 1.8x one).
 """
 
 from __future__ import annotations
@@ -204,8 +207,96 @@ def measure_targets(args: argparse.Namespace) -> list[dict[str, Any]]:
     return summaries
 
 
+# ---------------------------------------------------------------- 2 machines against 1
+
+MACHINES_TARGET = 1.8
+SLEEPING_TRAIN_PY = """\
+import time
+LEARNING_RATE = 0.004
+time.sleep({sleep_s})
+print("---")
+print(f"val_bpb:          {{2.0 + abs(LEARNING_RATE - 0.001) * 100:.6f}}")
+print("training_seconds: {sleep_s}")
+"""
+
+
+class NudgingAgent:
+    """Moves LEARNING_RATE a little each experiment (the Agent Protocol, no model behind it)."""
+
+    name = "nudging"
+
+    def propose(self, request: Any) -> Any:
+        import re
+
+        from multiagenttrainer.agents.base import AgentOutcome
+
+        train = request.workspace / "train.py"
+        value = 0.004 - 0.0001 * (request.experiment_id % 30)
+        train.write_text(re.sub(r"LEARNING_RATE = \S+", f"LEARNING_RATE = {value:.4f}", train.read_text()))
+        return AgentOutcome(f"LEARNING_RATE -> {value:.4f}", log="")
+
+
+def timed_fleet_run(machines: int, experiments: int, sleep_s: float, root: Path) -> dict[str, Any]:
+    """One run on `machines` local machines; experiments per minute after the baseline and overall."""
+    import asyncio
+
+    from multiagenttrainer.config import AutoresearchConfig, MachineConfig, TrainingConfig
+    from multiagenttrainer.experiments.runner import Runner
+    from multiagenttrainer.workspace import gitops
+
+    corpus = root / "corpus.jsonl"
+    texts = [f"def f{i}(x):\n    return x * {i}\n" * 40 for i in range(40)]
+    corpus.write_text(
+        "".join(
+            json.dumps({"text": t, "split": "val" if i == 0 else "train"}) + "\n" for i, t in enumerate(texts)
+        )
+    )
+    runner = Runner(
+        AutoresearchConfig(train_time=60), TrainingConfig(max_experiments=experiments), "bench",
+        output_dir=root / "runs", agent=NudgingAgent(),
+        machines=[MachineConfig(name=f"m{i}") for i in range(machines)],
+    )  # fmt: skip
+    workspace = runner.setup_workspace(corpus)
+    (workspace.path / "train.py").write_text(SLEEPING_TRAIN_PY.format(sleep_s=sleep_s))
+    workspace.baseline_commit = gitops.commit_paths(workspace.path, "baseline (benchmark)", ["train.py"])
+    started = time.perf_counter()
+    marks: list[float] = []
+    runner.hooks.append(lambda result: marks.append(time.perf_counter()))
+    asyncio.run(runner.run_experiments(workspace))
+    total_s = time.perf_counter() - started
+    steady_s = marks[-1] - marks[0]
+    return {
+        "machines": machines,
+        "experiments": experiments,
+        "total_s": round(total_s, 2),
+        "per_minute_after_baseline": round(60 * (experiments - 1) / steady_s, 2),
+        "per_minute_overall": round(60 * experiments / total_s, 2),
+    }
+
+
+def measure_machines(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Experiments per minute of 1 and 2 local machines on the same run, and their ratio."""
+    rows = []
+    for machines in (1, 2):
+        with tempfile.TemporaryDirectory(prefix=f"mat-bench-machines-{machines}-") as tmp:
+            rows.append(timed_fleet_run(machines, args.machine_experiments, args.train_s, Path(tmp)))
+        print(json.dumps(rows[-1]), flush=True)
+    one, two = rows
+    rows.append(
+        {
+            "ratio_after_baseline": round(
+                two["per_minute_after_baseline"] / one["per_minute_after_baseline"], 2
+            ),
+            "ratio_overall": round(two["per_minute_overall"] / one["per_minute_overall"], 2),
+            "target": MACHINES_TARGET,
+        }
+    )
+    return rows
+
+
 MEASUREMENTS: dict[str, Callable[[argparse.Namespace], list[dict[str, Any]]]] = {
     "per-experiment overhead": measure_targets,
+    "machines": measure_machines,
 }
 
 
@@ -220,18 +311,32 @@ def main() -> None:
     parser.add_argument("--container")
     parser.add_argument("--docker-host")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--only", choices=list(MEASUREMENTS), help="run one measurement")
+    parser.add_argument("--machine-experiments", type=int, default=21, help="experiments per machines run")
+    parser.add_argument(
+        "--train-s", type=float, default=5.0, help="training time of the machines run's train.py"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
-    results = {name: measure(args) for name, measure in MEASUREMENTS.items()}
+    chosen = {name: measure for name, measure in MEASUREMENTS.items() if args.only in (None, name)}
+    results = {name: measure(args) for name, measure in chosen.items()}
     load_after = os.getloadavg()
     before, after = (f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" for load in (load_before, load_after))
     print(f"load average (1, 5, 15 min) before: {before}, after: {after}")
-    for row in results["per-experiment overhead"]:
+    for row in results.get("per-experiment overhead", []):
         ratio = f"  {row['vs_local']:.2f}x local" if "vs_local" in row else ""
         print(
             f"{row['target']:>7}: median {row['median_ms']:7.1f} ms  p90 {row['p90_ms']:7.1f} ms  "
             f"(sync {row['sync_median_ms']:.1f}, run {row['run_median_ms']:.1f}, "
             f"fetch {row['fetch_median_ms']:.1f}; prepare once {row['prepare_ms']:.1f}){ratio}"
+        )
+    if "machines" in results:
+        one, two, ratios = results["machines"]
+        print(
+            f"machines: 1 machine {one['per_minute_after_baseline']:.1f}/min, 2 machines "
+            f"{two['per_minute_after_baseline']:.1f}/min after the baseline: "
+            f"{ratios['ratio_after_baseline']:.2f}x "
+            f"(overall {ratios['ratio_overall']:.2f}x; target >= {MACHINES_TARGET}x)"
         )
     summary = {"results": results, "load_before": load_before, "load_after": load_after, "target_s": TARGET_S}
     if args.json:

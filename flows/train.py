@@ -24,6 +24,7 @@ from flows import loaded_config
 from flows.ingest import in_process_settings, ingest
 from multiagenttrainer.config import Config, expand_path, load_config
 from multiagenttrainer.errors import MatError
+from multiagenttrainer.experiments.fleet import Batches, run_in_threads
 from multiagenttrainer.experiments.loop import Loop
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.run_state import find_run_of_flow_run
@@ -59,6 +60,14 @@ class PrefectTrainSteps:
 
     def report(self, runner: Runner) -> dict[str, str]:
         return write_report(runner)
+
+    def machine_batches(self, request: TrainRequest) -> Batches:
+        if not request.via_deployments:
+            return run_in_threads
+        from flows.machines import batches_via_deployments
+
+        assert request.config_path is not None  # check_via_deployments
+        return batches_via_deployments(request.config_path)
 
 
 # --------------------------------------------------------------------------- alerts

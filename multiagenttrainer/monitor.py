@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from multiagenttrainer.experiments.run_state import RunState, list_runs
+from multiagenttrainer.report import machine_summaries
 
 STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "interrupted": "yellow"}
 BAR_WIDTH = 24
@@ -76,6 +77,7 @@ def status_row(state: RunState, now: datetime) -> dict[str, Any]:
         "best_val_bpb": best.val_bpb if best else None,
         "started_at": state.created_at,
         "duration_s": run_duration_s(state, status, now),
+        "machines": machine_summaries(state),
     }
 
 
@@ -132,13 +134,14 @@ def current_text(state: RunState, status: str, now: datetime) -> Text:
     """The experiment(s) in progress: '#3 training 0:42', one line per machine busy."""
     if status != "running" or not state.current:
         return Text(DASH if status == "running" else status, style="dim")
-    several = len({c.machine for c in state.current}) > 1
+    several = len({c.machine for c in state.current}) > 1 or len(state.machines) > 1
     lines = []
     for current in state.current:
         started = parse_time(current.started_at)
         elapsed = format_elapsed((now - started).total_seconds() if started else None)
         where = f" on {current.machine}" if several else ""
         lines.append(f"#{current.experiment_id} {current.phase} {elapsed}{where}")
+    lines += [f"{m.name} dropped: {m.reason}" for m in state.machines if m.status == "dropped"]
     return Text("\n".join(lines))
 
 

@@ -160,7 +160,8 @@ def best_before(state: RunState, experiment_id: int) -> float | None:
 
 def experiment_line(result: ExperimentResult, state: RunState) -> str:
     """`[3/8] keep val_bpb 2.431200 (-0.012000) 21.4s  LEARNING_RATE 3e-3 -> 6e-3` for one experiment."""
-    position = f"[{result.experiment_id + 1}/{state.max_experiments}]"
+    where = f" on {result.machine}" if len(state.machines) > 1 else ""
+    position = f"[{result.experiment_id + 1}/{state.max_experiments}{where}]"
     duration = f"{result.duration_s:.1f}s"
     if result.status == "crash" or result.val_bpb is None:
         reason = first_line(result.error)
@@ -196,6 +197,9 @@ class TrainReporter:
             self._say(f"run {state.run_id}: {state.max_experiments} experiments in {run_dir}")
             for fact in setup_fact_lines(state.workspace):
                 self._say(f"  {escape(fact)}")
+        machines = [str(m.get("name")) for m in state.config.get("machines", []) if isinstance(m, dict)]
+        if len(machines) > 1:
+            self._say(f"run {state.run_id}: on {len(machines)} machines at once: {', '.join(machines)}")
 
     def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         self._say(experiment_line(result, state))

@@ -120,6 +120,43 @@ def machines_used(state: RunState) -> list[str]:
     )
 
 
+def machine_summaries(state: RunState) -> list[dict[str, Any]]:
+    """Per machine of a multi-machine run: experiments, keeps, crashes, best, and whether it was dropped."""
+    summaries = []
+    for machine in state.machines:
+        mine = [e for e in state.experiments if e.machine == machine.name]
+        scored = [e.val_bpb for e in mine if e.val_bpb is not None and e.status != "crash"]
+        summaries.append(
+            {
+                "machine": machine.name,
+                "type": machine.type,
+                "experiments": len(mine),
+                **{status: sum(1 for e in mine if e.status == status) for status in STATUS_COLORS},
+                "best_val_bpb": min(scored) if scored else None,
+                "status": machine.status,
+                "reason": machine.reason,
+            }
+        )
+    return summaries
+
+
+def machine_lines(state: RunState) -> list[str]:
+    """The report's table of machines."""
+    lines = [
+        "| machine | type | experiments | keep | discard | crash | best val_bpb | status |",
+        "|:--|:--|--:|--:|--:|--:|--:|:--|",
+    ]
+    for row in machine_summaries(state):
+        best = "n/a" if row["best_val_bpb"] is None else format_bpb(row["best_val_bpb"])
+        status = (
+            row["status"] if row["reason"] is None else f"{row['status']}: {first_line(row['reason'], 200)}"
+        )
+        cells = [row["machine"], row["type"], str(row["experiments"]), str(row["keep"]), str(row["discard"])]
+        cells += [str(row["crash"]), best, status]
+        lines.append("| " + " | ".join(escape_cell(cell) for cell in cells) + " |")
+    return lines
+
+
 # ---------------------------------------------------------------- markdown
 
 
@@ -132,6 +169,8 @@ def render_report_markdown(state: RunState) -> str:
     """The whole report.md for a run."""
     lines = [f"# Training run {state.name} ({state.run_id})", "", *_summary_lines(state), ""]
     lines += _setup_lines(state)
+    if state.machines:
+        lines += ["## Machines", "", *machine_lines(state), ""]
     lines += ["## Experiments", "", *_table_lines(state), ""]
     if state.experiments:
         lines += [

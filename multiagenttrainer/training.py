@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from multiagenttrainer import report
 from multiagenttrainer.config import Config, TrainingConfig, expand_path
-from multiagenttrainer.errors import IngestIncomplete, disk_full_error, is_disk_full
+from multiagenttrainer.errors import ConfigError, IngestIncomplete, disk_full_error, is_disk_full
+from multiagenttrainer.experiments.fleet import Batches, run_in_threads
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive
@@ -54,6 +55,8 @@ class TrainRequest:
     corpus_dir: str | None = None
     flow_run_id: str | None = None
     flow_run_url: str | None = None
+    config_path: str | None = None  # where the config came from, for processes that load it again
+    via_deployments: bool = False  # machines' batches as flow runs of their deployments (flows/machines.py)
 
     @property
     def training(self) -> TrainingConfig:
@@ -80,6 +83,7 @@ def train_request(
     corpus_dir: str | Path | None = None,
     flow_run_id: str | None = None,
     flow_run_url: str | None = None,
+    via_deployments: bool = False,
 ) -> TrainRequest:
     """A TrainRequest from a command's options; unset options come from the config."""
     runs_dir = expand_path(str(output_dir or cfg.training.output_dir)).resolve()
@@ -93,7 +97,22 @@ def train_request(
         corpus_dir=str(corpus_dir) if corpus_dir is not None else None,
         flow_run_id=flow_run_id,
         flow_run_url=flow_run_url,
+        config_path=str(Path(config_path).expanduser().resolve()) if config_path is not None else None,
+        via_deployments=via_deployments,
     )
+
+
+def check_via_deployments(request: TrainRequest) -> None:
+    """--via-deployments needs machines to send batches to and a config file their workers can load."""
+    if not request.via_deployments:
+        return
+    if not request.config.machines:
+        raise ConfigError(
+            "machines: --via-deployments runs each machine's batch as a flow run; configure `machines:` "
+            "(or run without --via-deployments)"
+        )
+    if request.config_path is None:
+        raise ConfigError("--via-deployments needs --config FILE: the workers load the config from that file")
 
 
 # --------------------------------------------------------------------------- steps
@@ -118,6 +137,10 @@ class TrainSteps(Protocol):
         """Write the final report; the paths written by name (report, plot)."""
         ...
 
+    def machine_batches(self, request: TrainRequest) -> Batches:
+        """How the machines of a multi-machine run run their batches: threads here, or flow runs."""
+        ...
+
 
 def open_run(
     request: TrainRequest, corpus_dir: str | None, secrets: Mapping[str, str] | None = None
@@ -127,7 +150,9 @@ def open_run(
     `secrets`: where GITHUB_TOKEN is read for a private autoresearch fork (the environment by default).
     """
     if request.resume:
-        return Runner.resume(request.resume, request.runs_dir)
+        runner, workspace = Runner.resume(request.resume, request.runs_dir)
+        runner.shared_with_processes = request.via_deployments
+        return runner, workspace
     cfg = request.config
     runner = Runner(
         cfg.autoresearch,
@@ -136,7 +161,9 @@ def open_run(
         output_dir=request.runs_dir,
         github=cfg.github,
         secrets=secrets,
+        machines=cfg.machines,
     )
+    runner.shared_with_processes = request.via_deployments
     return runner, runner.setup_workspace(str(corpus_dir))
 
 
@@ -163,10 +190,17 @@ class PlainTrainSteps:
         return open_run(request, corpus_dir, self.env)
 
     def experiment(self, runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-        return runner.step(loop)
+        return runner.step(loop, experiment_id)
 
     def report(self, runner: Runner) -> dict[str, str]:
         return report_files(runner)
+
+    def machine_batches(self, request: TrainRequest) -> Batches:
+        if request.via_deployments:
+            raise ConfigError(
+                "--via-deployments needs the train flow (mat train runs it; the library cannot)"
+            )
+        return run_in_threads
 
 
 # --------------------------------------------------------------------------- the stage
@@ -271,6 +305,8 @@ def run_training(
 def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgress) -> dict[str, Any]:
     """run_training's body."""
     progress = progress or NullTrainProgress()
+    check_via_deployments(request)
+    batches = steps.machine_batches(request)
     corpus_dir, notes = (None, []) if request.resume else prepare_corpus(request, steps, progress)
     runner, workspace = steps.setup(request, corpus_dir)
     attach_run(runner, request, progress)
@@ -279,12 +315,12 @@ def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgres
 
     def experiment(loop: Loop, experiment_id: int) -> None:
         steps.experiment(runner, loop, experiment_id)
-        report.write_report(run_dir, state)
+        with loop.lock:  # machines of one run record and report one at a time
+            report.write_report(run_dir, state)
 
     try:
-        drive(runner, workspace, request.max_experiments, experiment)
+        drive(runner, workspace, request.max_experiments, experiment, batches)
     except BaseException:
         report.write_report(run_dir, state)  # the report shows how the run ended
         raise
     return run_summary(runner, steps.report(runner), notes)
-

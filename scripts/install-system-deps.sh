@@ -2,7 +2,8 @@
 # Debian packages the project needs: git (with http-backend) for the local git servers the tests
 # start, a C compiler with OpenSSL's headers for the native corpus accelerators, and for the execution
 # tests: openssh-server (sshd), iproute2 (network namespaces), docker.io (dockerd) and busybox-static
-# (the tiny base image the tests import). Only what is missing is installed; nothing is started.
+# (the tiny base image the tests import), docker-compose (to validate docker-compose.yml). Only what is
+# missing is installed; nothing is started.
 set -euo pipefail
 need=()
 command -v git >/dev/null 2>&1 || need+=(git)
@@ -14,6 +15,7 @@ command -v ssh-keyscan >/dev/null 2>&1 || need+=(openssh-client)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 [ -x /bin/busybox ] || need+=(busybox-static)
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then echo "install as root: apt-get install ${need[*]}" >&2; exit 1; fi
   export DEBIAN_FRONTEND=noninteractive

@@ -50,8 +50,8 @@ def setup_run(request: TrainRequest, corpus_dir: str | None) -> tuple[Runner, Wo
     persist_result=False,
 )
 def run_experiment(runner: Runner, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-    """Run the run's next experiment (`experiment_id`) and record it."""
-    return runner.step(loop)
+    """Run experiment `experiment_id` (on the loop's machine) and record it."""
+    return runner.step(loop, experiment_id)
 
 
 def publish_artifacts(run_dir: Path, state: RunState, plot_path: str) -> None:

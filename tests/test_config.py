@@ -108,8 +108,15 @@ def test_mat_environment_variables_override_the_file(monkeypatch: pytest.MonkeyP
 
 def test_duplicate_machine_names_are_rejected() -> None:
     text = "machines:\n  - name: a\n  - name: a\n"
-    with pytest.raises(ConfigError, match="two machines are named 'a'"):
+    with pytest.raises(ConfigError, match=r"machines\[1\]\.name: two machines are named 'a'.* \(.*:3\)"):
         parse_config_text(text)
+
+
+def test_agent_mode_on_several_machines_is_refused_with_the_alternative() -> None:
+    text = "training:\n  mode: agent\nmachines:\n  - name: a\n  - name: b\n"
+    with pytest.raises(ConfigError, match=r"training\.mode: agent runs on one machine .* use mode: harness"):
+        parse_config_text(text)
+    assert parse_config_text("training:\n  mode: agent\nmachines:\n  - name: a\n").machines[0].name == "a"
 
 
 def test_execution_types_are_checked() -> None:

@@ -277,6 +277,9 @@ class TrainingConfig(Model):
     mode: Literal["harness", "agent"] = "harness"
     agent_timeout: int = Field(900, ge=1, le=WEEK_S, description="Seconds an agent may take for one change")
     execution: ExecutionConfig = Field(default_factory=LocalExecution)
+    max_machine_failures: int = Field(
+        3, ge=1, le=1000, description="Consecutive infrastructure failures before a machine leaves a run"
+    )
 
 
 # --------------------------------------------------------------------------- notifications
@@ -551,16 +554,23 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _unique_machine_names(self) -> Config:
-        _reject_duplicates([m.name for m in self.machines], "machine")
-        _reject_duplicates([m.name for m in self.models], "model")
+        _reject_duplicates([m.name for m in self.machines], "machine", "machines")
+        if self.training.mode == "agent" and len(self.machines) > 1:
+            raise ValueError(
+                "training.mode: agent runs on one machine (the agent writes results.tsv itself); "
+                "use mode: harness with several machines, or keep one entry in machines"
+            )
+        _reject_duplicates([m.name for m in self.models], "model", "models")
         return self
 
 
-def _reject_duplicates(names: list[str], what: str) -> None:
+def _reject_duplicates(names: list[str], what: str, section: str | None = None) -> None:
+    """ValueError at the second use of a name; `section` (a top-level list) puts its path in the message."""
     seen: set[str] = set()
-    for name in names:
+    for index, name in enumerate(names):
         if name in seen:
-            raise ValueError(f"two {what}s are named {name!r}; {what} names must be unique")
+            where = f"{section}.{index}.name: " if section else ""
+            raise ValueError(f"{where}two {what}s are named {name!r}; {what} names must be unique")
         seen.add(name)
 
 

@@ -128,6 +128,8 @@ def format_validation_errors(
     for error in exc.errors():
         loc = _data_path(error["loc"], merged)
         message = _message(error, loc, merged)
+        if not loc:  # a check across sections names the field it is about: `training.mode: ...`
+            loc, message = _path_in_message(message)
         if _from_environment(loc, overrides, error["type"] == "missing"):
             problems.append(f"{dotted(loc)} (from {_variable_for(loc, os.environ)}): {message}")
             continue
@@ -135,6 +137,15 @@ def format_validation_errors(
         where = f"{filename}:{line}" if line else (f"{filename}" if lines else "environment or defaults")
         problems.append(f"{dotted(loc)}: {message} ({where})")
     return sorted(set(problems), key=problems.index)
+
+
+def _path_in_message(message: str) -> tuple[tuple[Any, ...], str]:
+    """(path, rest) of a message that starts with `dotted.path: `; ((), message) otherwise."""
+    match = re.match(r"([A-Za-z_]\w*(?:\.\w+)*): (.+)", message, re.DOTALL)
+    if match is None:
+        return (), message
+    path = tuple(int(part) if part.isdigit() else part for part in match.group(1).split("."))
+    return path, match.group(2)
 
 
 def _merged(data: Any, overrides: Any) -> Any:

@@ -78,7 +78,13 @@ class ChunkResult:
         self.skipped[tree, reason] = self.skipped.get((tree, reason), 0) + 1
 
     def add_record(
-        self, sha: bytes, txt_bytes: int, jsonl_bytes: int, size: int, split: str, tree: int,
+        self,
+        sha: bytes,
+        txt_bytes: int,
+        jsonl_bytes: int,
+        size: int,
+        split: str,
+        tree: int,
         secrets: dict[str, int] | None,
     ) -> None:
         if secrets:
@@ -336,7 +342,12 @@ class ItemProcessor:
             jsonl=self.encoder.output.jsonl,
             pending=pending,
             columns=(
-                result.shas, result.txt_bytes, result.jsonl_bytes, result.sizes, result.splits, result.trees
+                result.shas,
+                result.txt_bytes,
+                result.jsonl_bytes,
+                result.sizes,
+                result.splits,
+                result.trees,
             ),
             skip=result.skip,
             fallback=self.take_back,

@@ -88,9 +88,11 @@ class CorpusStats:
         splits = list(compress(result.splits, keep))
         for tree in set(trees):
             source = self.sources[self.tree_sources[tree]]
-            tree_sizes = sizes if len(trees) == trees.count(tree) else [
-                size for size, owner in zip(sizes, trees, strict=True) if owner == tree
-            ]
+            tree_sizes = (
+                sizes
+                if len(trees) == trees.count(tree)
+                else [size for size, owner in zip(sizes, trees, strict=True) if owner == tree]
+            )
             source.files += len(tree_sizes)
             source.bytes += sum(tree_sizes)
         for split in set(splits):

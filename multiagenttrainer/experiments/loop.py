@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
 from multiagenttrainer.clock import now_iso
@@ -45,8 +45,11 @@ from multiagenttrainer.execution.base import Executor, RunOutcome
 from multiagenttrainer.execution.local import LocalExecutor
 from multiagenttrainer.experiments.decide import decide
 from multiagenttrainer.experiments.guard import Guard, Undone
-from multiagenttrainer.experiments.results import RESULTS_FILE, append_result
-from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunState
+from multiagenttrainer.experiments.results import (
+    RESULTS_FILE,
+    append_result,
+)
+from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunLock, RunState
 from multiagenttrainer.history import ExperimentResult, Status
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.evaluator import Evaluator, load_evaluator, workspace_imports
@@ -73,6 +76,18 @@ class RunInterrupted(ExperimentError):
     """mat was asked to stop (Ctrl-C, SIGTERM, cancellation) in the middle of an experiment."""
 
 
+class Sharing(Protocol):
+    """How the machines of one run share the best commit (experiments/fleet.py); None on one machine."""
+
+    def base_for(self, loop: Loop) -> str:
+        """The commit the next experiment starts from, present in this machine's work tree."""
+        ...
+
+    def publish(self, loop: Loop, result: ExperimentResult) -> None:
+        """Make a kept commit available to every machine; called before its row is recorded."""
+        ...
+
+
 @dataclass
 class LoopOptions:
     """Knobs of the loop that are not part of the user's config."""
@@ -94,9 +109,21 @@ class Loop:
     hooks: Sequence[ResultHook] = ()
     options: LoopOptions = field(default_factory=LoopOptions)
     stop: threading.Event = field(default_factory=threading.Event)
-    save_lock: threading.Lock = field(default_factory=threading.Lock)
+    save_lock: RunLock | None = None  # shared by a run's machines; its own lock by default
+    sharing: Sharing | None = None
+    last_outcome: RunOutcome | None = None  # how the last training run on this machine ended
     evaluator: Evaluator | None = None  # loaded from the run directory when not given
     scoring_executor: Executor | None = None  # made on first use (see `scorer`)
+
+    def __post_init__(self) -> None:
+        if self.save_lock is None:
+            self.save_lock = RunLock(self.run_dir, self.state)
+
+    @property
+    def lock(self) -> RunLock:
+        """The run's state lock (save_lock, always set once the loop exists)."""
+        assert self.save_lock is not None
+        return self.save_lock
 
     @property
     def machine(self) -> str:
@@ -115,6 +142,7 @@ class Loop:
     def guard(self) -> Guard:
         if self.evaluator is None:
             self.evaluator = load_evaluator(self.run_dir)
+        self.evaluator = self.evaluator.for_workspace(self.workspace.path)  # a machine's own work tree
         return Guard(self.workspace, self.evaluator)
 
     @property
@@ -195,16 +223,17 @@ def check_stop(loop: Loop) -> None:
 
 def save_state(loop: Loop) -> None:
     """Rewrite run.json (one writer at a time)."""
-    with loop.save_lock:
+    with loop.lock:
         loop.state.save(loop.run_dir)
 
 
 def set_phase(loop: Loop, attempt: Attempt, phase: Phase) -> None:
     """Record in run.json which experiment this machine is on and in which phase, for `mat watch`."""
-    others = [c for c in loop.state.current if c.machine != loop.machine]
-    mine = CurrentExperiment(attempt.experiment_id, phase, attempt.started_at, loop.machine)
-    loop.state.current = [*others, mine]
-    save_state(loop)
+    with loop.lock:
+        others = [c for c in loop.state.current if c.machine != loop.machine]
+        mine = CurrentExperiment(attempt.experiment_id, phase, attempt.started_at, loop.machine)
+        loop.state.current = [*others, mine]
+        save_state(loop)
 
 
 def clean_to(loop: Loop, commit: str) -> list[Undone]:
@@ -237,12 +266,31 @@ def make_result(
     )
 
 
+def recheck_keep(loop: Loop, result: ExperimentResult) -> None:
+    """A keep judged against the best it started from is judged again against the best now: with several
+    machines another one may have kept a better change meanwhile, and then this one is a discard."""
+    best = loop.state.best
+    if result.status != "keep" or result.val_bpb is None or best is None or best.val_bpb is None:
+        return
+    if decide(result.val_bpb, best.val_bpb) == "keep":
+        return
+    result.status = "discard"
+    result.notes.append(
+        f"beat the best it started from, but not experiment {best.experiment_id} "
+        f"({best.val_bpb:.6f}, kept on {best.machine} meanwhile)"
+    )
+
+
 def record(loop: Loop, result: ExperimentResult) -> None:
     """Append the row (the commit point), then add the result to run.json, then call the hooks."""
-    append_result(loop.results_path, result)
-    loop.state.experiments.append(result)
-    loop.state.current = [c for c in loop.state.current if c.machine != loop.machine]
-    save_state(loop)
+    with loop.lock:
+        recheck_keep(loop, result)
+        if loop.sharing is not None and result.status == "keep":
+            loop.sharing.publish(loop, result)
+        append_result(loop.results_path, result)
+        loop.state.experiments.append(result)
+        loop.state.current = [c for c in loop.state.current if c.machine != loop.machine]
+        save_state(loop)
     log.info("experiment %d: %s %s", result.experiment_id, result.status, result.val_bpb)
     for hook in loop.hooks:
         try:
@@ -345,6 +393,7 @@ def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str, list[str]]:
     outcome = loop.executor.run(
         workspace.path, workspace.train_command, training_timeout_s(loop), log_path, workspace.env
     )
+    loop.last_outcome = outcome
     check_stop(loop)
     refused = fetch_outputs(loop, outcome)
     undone, tampered = loop.guard.after_training(attempt.commit, attempt.evaluator_hash)
@@ -486,7 +535,8 @@ def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
 
     A baseline that crashed because the machine cannot run train.py stops the run (BaselineUnusable).
     """
-    attempt = Attempt(experiment_id, best_commit(loop))
+    base = loop.sharing.base_for(loop) if loop.sharing is not None else best_commit(loop)
+    attempt = Attempt(experiment_id, base)
     clean_to(loop, attempt.base)
     mode = "harness" if experiment_id == 0 else loop.training.mode
     results = MODES[mode](loop, attempt)
@@ -511,7 +561,7 @@ def note_corpus_repeats(loop: Loop, baseline: ExperimentResult) -> None:
     if found is None:
         return
     facts.update(found)
-    loop.state.workspace = loop.workspace.to_dict()
+    loop.state.workspace = {**loop.state.workspace, "facts": dict(facts)}  # a machine's tree is not the run's
 
 
 def corpus_repeats(facts: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:

@@ -14,13 +14,17 @@ Run directory layout (`<training.output_dir>/<run_id>/`):
     evaluator/      the recorded evaluator: hashes and copies of the fixed files, mat's git config,
                     the built-in's held-out split (workspace/evaluator.py)
     scoring/        the last independent evaluation's inputs and result (workspace/scoring.py)
+    workspace-<m>/  with `machines:`, machine m's work tree (workspace/ is then the hub of kept commits)
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import socket
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +40,7 @@ from multiagenttrainer.processes import pid_alive
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 Phase = Literal["setup", "agent", "training", "scoring", "recording", "report"]
 RUN_FILE = "run.json"
+LOCK_FILE = ".run.lock"
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,18 @@ class CurrentExperiment:
     phase: Phase
     started_at: str
     machine: str = "local"
+
+
+@dataclass
+class MachineRecord:
+    """One machine of a multi-machine run: its work tree and whether it is still in the run."""
+
+    name: str
+    type: str
+    workspace: str  # <run_dir>/workspace-<machine>
+    status: Literal["active", "dropped"] = "active"
+    reason: str | None = None  # why it was dropped
+    consecutive_failures: int = 0
 
 
 @dataclass
@@ -71,6 +88,7 @@ class RunState:
     error: str | None = None
     flow_run_url: str | None = None
     flow_run_id: str | None = None  # the Prefect flow run driving the run, when there is one
+    machines: list[MachineRecord] = field(default_factory=list)  # with `machines:` in the config
 
     # -- derived -------------------------------------------------------------
 
@@ -113,6 +131,7 @@ class RunState:
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         values["experiments"] = [ExperimentResult.from_dict(e) for e in data.get("experiments", [])]
         values["current"] = [CurrentExperiment(**c) for c in data.get("current", [])]
+        values["machines"] = [MachineRecord(**m) for m in data.get("machines", [])]
         return cls(**values)
 
     def save(self, run_dir: Path) -> None:
@@ -157,6 +176,49 @@ def load_run(run_dir: Path) -> RunState:
     except OSError as exc:
         raise RunStateError(f"{path}: cannot be read ({exc.strerror})") from None
     return parse_run_state(data, path)
+
+
+class RunLock:
+    """What every writer of a run's state holds: re-entrant across this process's threads; with
+    `across_processes` (machines of one run served by separate worker processes), also an exclusive
+    flock on `<run_dir>/.run.lock`, and the shared parts of the state are read back from run.json on
+    entry, since another process may have changed them. Every change made under the lock is saved
+    before it is released."""
+
+    def __init__(self, run_dir: Path, state: RunState, across_processes: bool = False) -> None:
+        self.run_dir, self.state, self.across_processes = run_dir, state, across_processes
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self.across_processes:
+            try:
+                self._lock_file()
+                refresh_shared(self.state, load_run(self.run_dir))
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
+
+    def _lock_file(self) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        self._fd = os.open(self.run_dir / LOCK_FILE, flags, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._fd is not None:
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+        self._lock.release()
+
+
+def refresh_shared(state: RunState, fresh: RunState) -> None:
+    """Take what the machines of a run share (experiments, claims, machine records) from `fresh`."""
+    state.experiments, state.current, state.machines = fresh.experiments, fresh.current, fresh.machines
+    state.max_experiments = fresh.max_experiments
 
 
 def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:

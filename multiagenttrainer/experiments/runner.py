@@ -40,9 +40,21 @@ from pydantic import ValidationError
 
 from multiagenttrainer.agents.base import Agent
 from multiagenttrainer.clock import now_iso
-from multiagenttrainer.config import AutoresearchConfig, GithubConfig, TrainingConfig
+from multiagenttrainer.config import AutoresearchConfig, GithubConfig, MachineConfig, TrainingConfig
 from multiagenttrainer.errors import DiskFullError, ExperimentError, disk_full_error, is_disk_full
 from multiagenttrainer.execution.base import Executor
+from multiagenttrainer.experiments.fleet import (
+    Batches,
+    Fleet,
+    SharedBest,
+    ensure_machine_tree,
+    machine_records,
+    revive_dropped,
+    run_fleet_experiments,
+    run_in_threads,
+    run_machine,
+    training_for,
+)
 from multiagenttrainer.experiments.guard import Guard
 from multiagenttrainer.experiments.loop import (
     Loop,
@@ -63,6 +75,7 @@ from multiagenttrainer.experiments.results import (
 from multiagenttrainer.experiments.run_state import (
     RUN_FILE,
     CurrentExperiment,
+    RunLock,
     RunState,
     RunStateError,
     RunStatus,
@@ -105,12 +118,17 @@ def claim_run_dir(output_dir: Path, name: str, now: datetime | None = None) -> P
     raise ExperimentError(f"could not create a run directory for {name!r} under {output_dir}")
 
 
-def config_snapshot(autoresearch: AutoresearchConfig, training: TrainingConfig) -> dict[str, object]:
+def config_snapshot(
+    autoresearch: AutoresearchConfig, training: TrainingConfig, machines: Sequence[MachineConfig] = ()
+) -> dict[str, object]:
     """The config sections a run depends on, as stored in run.json (and read back by resume)."""
-    return {
+    snapshot: dict[str, object] = {
         "autoresearch": autoresearch.model_dump(mode="json"),
         "training": training.model_dump(mode="json"),
     }
+    if machines:
+        snapshot["machines"] = [machine.model_dump(mode="json") for machine in machines]
+    return snapshot
 
 
 def find_run_dir(run_id: str, output_dir: Path) -> Path:
@@ -199,12 +217,15 @@ def reconcile_run(run_dir: Path, state: RunState, workspace: Workspace) -> None:
     log.info("resume %s: %d experiments done, workspace at %s", state.run_id, state.done, target[:7])
 
 
-def recorded_config(run_dir: Path, state: RunState) -> tuple[AutoresearchConfig, TrainingConfig]:
+def recorded_config(
+    run_dir: Path, state: RunState
+) -> tuple[AutoresearchConfig, TrainingConfig, list[MachineConfig]]:
     """The config sections a run recorded in run.json, validated again."""
     try:
         return (
             AutoresearchConfig.model_validate(state.config.get("autoresearch", {})),
             TrainingConfig.model_validate(state.config.get("training", {})),
+            [MachineConfig.model_validate(machine) for machine in state.config.get("machines", [])],
         )
     except ValidationError as exc:
         problem = exc.errors()[0]
@@ -236,7 +257,8 @@ def stop_processes(executor: Executor, workspace: Path) -> None:
     stop_orphaned_scopes()
 
 
-_active_runs: dict[int, tuple[threading.Event, Executor, Path]] = {}  # id -> (stop flag, target, workspace)
+Targets = list[tuple[Executor, Path]]  # each machine's executor and work tree
+_active_runs: dict[int, tuple[threading.Event, Targets]] = {}  # id -> (stop flag, what it runs)
 _active_lock = threading.Lock()
 _previous_handler: list[object] = []  # the SIGTERM handler to restore when the last run ends
 
@@ -245,14 +267,15 @@ def on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Stop every run of this process and kill what they are running; the loops then raise RunInterrupted."""
     with _active_lock:
         runs = list(_active_runs.values())
-    for stop, _, _ in runs:
+    for stop, _ in runs:
         stop.set()
-    for _, executor, workspace in runs:
-        stop_processes(executor, workspace)
+    for _, targets in runs:
+        for executor, workspace in targets:
+            stop_processes(executor, workspace)
 
 
 @contextlib.contextmanager
-def sigterm_stops(stop: threading.Event, workspace: Path, executor: Executor) -> Iterator[None]:
+def sigterm_stops(stop: threading.Event, targets: Targets) -> Iterator[None]:
     """While the block runs, SIGTERM stops this run and kills its processes.
 
     One handler serves every run of the process (several Runners may run at once); it is installed when
@@ -266,7 +289,7 @@ def sigterm_stops(stop: threading.Event, workspace: Path, executor: Executor) ->
     with _active_lock:
         if not _active_runs:
             _previous_handler[:] = [signal.signal(signal.SIGTERM, on_sigterm)]
-        _active_runs[key] = (stop, executor, workspace)
+        _active_runs[key] = (stop, targets)
     try:
         yield
     finally:
@@ -307,9 +330,11 @@ class Runner:
         options: LoopOptions | None = None,
         github: GithubConfig | None = None,
         secrets: Mapping[str, str] | None = None,
+        machines: Sequence[MachineConfig] = (),
     ) -> None:
         """`github` and `secrets` (the environment by default): GITHUB_TOKEN from `secrets` is sent when
-        cloning an autoresearch.repo on the GitHub host, for private forks."""
+        cloning an autoresearch.repo on the GitHub host, for private forks. `machines`: run on all of
+        them at once (experiments/fleet.py); without, on `training.execution`."""
         self.autoresearch = autoresearch_cfg
         self.training = training_cfg
         self.github = github or GithubConfig()
@@ -320,6 +345,9 @@ class Runner:
         self.executor = executor
         self.hooks = as_hooks(on_result)
         self.options = options or LoopOptions()
+        self.machines = list(machines)
+        self.resumed = False
+        self.shared_with_processes = False  # machine batches run by other processes (flow runs)
         self.run_dir: Path | None = None
         self.state: RunState | None = None
 
@@ -354,7 +382,7 @@ class Runner:
             max_experiments=self.training.max_experiments,
             created_at=created,
             updated_at=created,
-            config=config_snapshot(self.autoresearch, self.training),
+            config=config_snapshot(self.autoresearch, self.training, self.machines),
             current=[CurrentExperiment(0, "setup", created, "local")],
             pid=os.getpid(),
             host=socket.gethostname(),
@@ -408,16 +436,20 @@ class Runner:
             evaluator=evaluator,
         )
 
-    def begin(self, workspace: Workspace, max_experiments: int | None = None) -> Loop:
-        """Mark the run as running in this process and return its loop, ready for `step`.
-
-        `max_experiments` raises (or lowers) the run's bound; without it the run keeps its own.
-        """
+    def _mark_running(self, workspace: Workspace, max_experiments: int | None) -> tuple[Path, RunState]:
         run_dir, state = self._require_run()
         state.max_experiments = max_experiments or state.max_experiments
         state.workspace, state.status = workspace.to_dict(), "running"
         state.pid, state.host, state.finished_at, state.error = os.getpid(), socket.gethostname(), None, None
         state.save(run_dir)
+        return run_dir, state
+
+    def begin(self, workspace: Workspace, max_experiments: int | None = None) -> Loop:
+        """Mark the run as running in this process and return its loop, ready for `step`.
+
+        `max_experiments` raises (or lowers) the run's bound; without it the run keeps its own.
+        """
+        run_dir, state = self._mark_running(workspace, max_experiments)
         try:
             loop = self._make_loop(workspace, state.max_experiments, threading.Event())
             loop.executor.prepare(workspace.path)
@@ -427,36 +459,114 @@ class Runner:
             raise
         return loop
 
+    def begin_fleet(self, workspace: Workspace, max_experiments: int | None = None) -> Fleet:
+        """Like `begin`, for a run on `machines`: a loop per machine, each on its own work tree."""
+        run_dir, state = self._mark_running(workspace, max_experiments)
+        try:
+            state.machines = machine_records(state, self.machines, run_dir)
+            if self.resumed:
+                revive_dropped(state)
+            fleet = self._make_fleet(run_dir, state, workspace, self.machines)
+            if self.resumed:  # a SIGKILLed mat leaves training running on its targets
+                for executor, path in fleet.targets():
+                    stop_processes(executor, path)
+            state.save(run_dir)
+        except BaseException as exc:
+            self._finish("failed", describe_error(exc))
+            raise
+        return fleet
+
+    def _make_fleet(
+        self, run_dir: Path, state: RunState, hub: Workspace, machines: Sequence[MachineConfig]
+    ) -> Fleet:
+        """The loops of `machines` (each with its executor, agent and work tree) on the run's shared lock."""
+        from multiagenttrainer.execution.registry import make_executor
+
+        lock = RunLock(run_dir, state, across_processes=self.shared_with_processes)
+        stop, sharing = threading.Event(), SharedBest(hub)
+        records = {record.name: record for record in state.machines}
+        loops = []
+        for machine in machines:
+            training = training_for(self.training, machine)
+            executor = make_executor(machine.execution, machine.name)
+            agent = self.agent if self.agent is not None else self._agent_for(training, state)
+            workspace = ensure_machine_tree(hub, records[machine.name], run_dir)
+            loop = Loop(run_dir, workspace, state, agent, executor, training, self.hooks, self.options, stop)
+            loop.save_lock, loop.sharing = lock, sharing
+            loops.append(loop)
+        return Fleet(loops, self.training.max_machine_failures, stop)
+
+    @classmethod
+    def open_batch(
+        cls,
+        run_id: str,
+        output_dir: str | Path,
+        machine: str,
+        *,
+        agent: Agent | None = None,
+        on_result: ResultHook | Sequence[ResultHook] | None = None,
+    ) -> tuple[Runner, Fleet]:
+        """One machine's batch of a live multi-machine run, served by another process (a worker running
+        the `experiments-on-machine` flow): the run's state is shared through run.json under a file lock.
+        """
+        run_dir = find_run_dir(run_id, Path(output_dir))
+        state = load_run(run_dir)
+        autoresearch, training, machines = recorded_config(run_dir, state)
+        chosen = [m for m in machines if m.name == machine]
+        if not chosen or machine not in {record.name for record in state.machines}:
+            names = ", ".join(m.name for m in machines) or "none"
+            raise ExperimentError(f"run {state.run_id} has no machine {machine!r} (its machines: {names})")
+        runner = cls(
+            autoresearch, training, state.name, output_dir=run_dir.parent, agent=agent,
+            on_result=on_result, machines=machines,
+        )  # fmt: skip
+        runner.run_dir, runner.state, runner.shared_with_processes = run_dir, state, True
+        hub = reopen_workspace(run_dir, state.workspace)
+        return runner, runner._make_fleet(run_dir, state, hub, chosen)
+
+    @staticmethod
+    def _agent_for(training: TrainingConfig, state: RunState) -> Agent | None:
+        if state.max_experiments <= max(1, state.done):
+            return None
+        from multiagenttrainer.agents import make_agent
+
+        return make_agent(training)
+
     @staticmethod
     def has_next(loop: Loop) -> bool:
         """Whether the run holds fewer experiments than its bound."""
         return len(loop.state.experiments) < loop.state.max_experiments
 
-    def step(self, loop: Loop) -> list[ExperimentResult]:
-        """Run and record the next experiment (the baseline first); [] once the run is complete.
-
-        Agent mode may record several experiments in one step. Raises RunInterrupted once stopped.
+    def step(self, loop: Loop, experiment_id: int | None = None) -> list[ExperimentResult]:
+        """Run and record experiment `experiment_id` (the next one by default; the baseline first); []
+        once the run is complete. Agent mode may record several experiments in one step. Raises
+        RunInterrupted once stopped.
         """
         if not self.has_next(loop):
             return []
         check_stop(loop)
-        return run_experiment(loop, len(loop.state.experiments))
+        return run_experiment(loop, len(loop.state.experiments) if experiment_id is None else experiment_id)
 
-    def interrupt(self, loop: Loop) -> None:
-        """Stop the run: the current step raises RunInterrupted, and whatever it runs is killed."""
+    def interrupt(self, loop: Loop | Fleet) -> None:
+        """Stop the run: the current step raises RunInterrupted, and whatever it runs is killed (on every
+        machine)."""
         loop.stop.set()
-        stop_processes(loop.executor, loop.workspace.path)
-        if loop.scoring_executor not in (None, loop.executor):  # an independent evaluation on this machine
-            loop.scorer.stop(loop.run_dir)
+        for executor, workspace in targets_of(loop):
+            stop_processes(executor, workspace)
+        for machine_loop in loop.loops if isinstance(loop, Fleet) else [loop]:
+            if machine_loop.scoring_executor not in (None, machine_loop.executor):  # scoring here
+                machine_loop.scorer.stop(machine_loop.run_dir)
 
-    def end(self, loop: Loop, status: RunStatus, error: str | None = None) -> None:
-        """Release the executor and record in run.json how the run ended."""
+    def end(self, loop: Loop | Fleet, status: RunStatus, error: str | None = None) -> None:
+        """Release the executors and record in run.json how the run ended."""
         try:
-            loop.executor.cleanup()
+            for executor, _ in targets_of(loop):
+                with contextlib.suppress(Exception):  # one machine's client must not hide the others'
+                    executor.cleanup()
         finally:
             self._finish(status, error)
 
-    def abort(self, loop: Loop, error: BaseException) -> None:
+    def abort(self, loop: Loop | Fleet, error: BaseException) -> None:
         """End the run after `error` escaped a step: interrupted (its processes killed) or failed."""
         if isinstance(error, (KeyboardInterrupt, asyncio.CancelledError)):
             self.interrupt(loop)
@@ -474,7 +584,11 @@ class Runner:
         The experiments run in a worker thread; cancelling this coroutine (or Ctrl-C) stops the run:
         what it is running is killed and run.json says `interrupted`.
         """
-        loop = self.begin(workspace, max_experiments)
+        loop = (
+            self.begin_fleet(workspace, max_experiments)
+            if self.machines
+            else self.begin(workspace, max_experiments)
+        )
         finished = threading.Event()
 
         def work() -> None:
@@ -483,7 +597,7 @@ class Runner:
             finally:
                 finished.set()
 
-        with sigterm_stops(loop.stop, workspace.path, loop.executor):
+        with sigterm_stops(loop.stop, targets_of(loop)):
             try:
                 await asyncio.to_thread(work)
             except (asyncio.CancelledError, KeyboardInterrupt):
@@ -495,7 +609,7 @@ class Runner:
 
     def run_step(self, loop: Loop, experiment_id: int) -> list[ExperimentResult]:
         """The plain step of `run_loop`: run experiment `experiment_id` here."""
-        return self.step(loop)
+        return self.step(loop, experiment_id)
 
     @classmethod
     def resume(
@@ -523,7 +637,7 @@ class Runner:
             raise ExperimentError(f"run {state.run_id} is still running (pid {state.pid}); stop it first")
         if not state.workspace:
             raise ExperimentError(f"run {state.run_id} never finished its set-up; start a new run instead")
-        autoresearch, training = recorded_config(run_dir, state)
+        autoresearch, training, machines = recorded_config(run_dir, state)
         runner = cls(
             autoresearch,
             training,
@@ -533,7 +647,9 @@ class Runner:
             executor=executor,
             on_result=on_result,
             options=options,
+            machines=machines,
         )
+        runner.resumed = True
         workspace = reopen_workspace(run_dir, state.workspace)
         if executor is None:
             from multiagenttrainer.execution.registry import make_executor
@@ -554,21 +670,32 @@ class Runner:
 Step = Callable[[Loop, int], object]
 
 
-def run_loop(runner: Runner, loop: Loop, step: Step) -> None:
-    """Run the run's remaining experiments, one `step(loop, experiment_id)` each, in order.
+def targets_of(loop: Loop | Fleet) -> Targets:
+    """What a run's loop (one machine) or fleet (several) runs on: (executor, work tree) pairs."""
+    return loop.targets() if isinstance(loop, Fleet) else [(loop.executor, loop.workspace.path)]
+
+
+def run_loop(runner: Runner, loop: Loop | Fleet, step: Step, batches: Batches = run_in_threads) -> None:
+    """Run the run's remaining experiments, one `step(loop, experiment_id)` each: in order on one
+    machine, or on every machine of a fleet at once (experiments/fleet.py).
 
     The run is ended in run.json whatever happens: completed, interrupted (Ctrl-C, SIGTERM, stop) or
     failed; the exception that ended it is raised again.
     """
     try:
-        while runner.has_next(loop):
-            check_stop(loop)
-            step(loop, len(loop.state.experiments))
+        if isinstance(loop, Fleet):
+            run_fleet_experiments(loop, step, batches)
+            if loop.stop.is_set():
+                raise RunInterrupted(f"run {loop.state.run_id} was interrupted; {resume_hint(loop)}")
+        else:
+            while runner.has_next(loop):
+                check_stop(loop)
+                step(loop, len(loop.state.experiments))
     except OSError as exc:
         if not is_disk_full(exc):
             runner.abort(loop, exc)
             raise
-        full = disk_full_error(exc, loop.run_dir, space_for_an_experiment(loop), resume_hint(loop))
+        full = disk_full_error(exc, runner_dir(loop), space_for_an_experiment(loop), resume_hint(loop))
         runner.abort(loop, full)
         raise full from None
     except BaseException as exc:
@@ -577,19 +704,55 @@ def run_loop(runner: Runner, loop: Loop, step: Step) -> None:
     runner.end(loop, "completed")
 
 
-def resume_hint(loop: Loop) -> str:
+def resume_hint(loop: Loop | Fleet) -> str:
     return f"`mat train --resume {loop.state.run_id}`"
 
 
-def space_for_an_experiment(loop: Loop) -> int:
+def space_for_an_experiment(loop: Loop | Fleet) -> int:
     """Twice what the largest experiment so far wrote to its logs (a floor applies in disk_full_error)."""
-    logs = loop.run_dir / "logs"
+    logs = runner_dir(loop) / "logs"
     sizes = [path.stat().st_size for path in logs.glob("exp-*")] if logs.is_dir() else []
     return 2 * max(sizes, default=0)
 
 
-def drive(runner: Runner, workspace: Workspace, max_experiments: int | None, step: Step) -> None:
-    """Begin the run and run its experiments with `step` in this thread; SIGTERM stops it cleanly."""
-    loop = runner.begin(workspace, max_experiments)
-    with sigterm_stops(loop.stop, workspace.path, loop.executor):
-        run_loop(runner, loop, step)
+def runner_dir(loop: Loop | Fleet) -> Path:
+    return loop.loops[0].run_dir if isinstance(loop, Fleet) else loop.run_dir
+
+
+def drive(
+    runner: Runner,
+    workspace: Workspace,
+    max_experiments: int | None,
+    step: Step,
+    batches: Batches = run_in_threads,
+) -> None:
+    """Begin the run and run its experiments with `step` (on every machine when the run has several);
+    SIGTERM stops it cleanly."""
+    loop = (
+        runner.begin_fleet(workspace, max_experiments)
+        if runner.machines
+        else runner.begin(workspace, max_experiments)
+    )
+    with sigterm_stops(loop.stop, targets_of(loop)):
+        run_loop(runner, loop, step, batches)
+
+
+def run_batch(fleet: Fleet, step: Step) -> None:
+    """Run one machine's batch (Runner.open_batch) here until the run holds its total or the machine is
+    dropped; Ctrl-C or SIGTERM stops what it runs and gives its claim back. The run itself is ended by
+    the process that owns it."""
+    try:
+        with sigterm_stops(fleet.stop, fleet.targets()):
+            for loop in fleet.loops:
+                run_machine(fleet, loop, step)
+    except BaseException:
+        fleet.stop.set()
+        for executor, workspace in fleet.targets():
+            stop_processes(executor, workspace)
+        for loop in fleet.loops:
+            fleet.release(loop)
+        raise
+    finally:
+        for executor, _ in fleet.targets():
+            with contextlib.suppress(Exception):
+                executor.cleanup()

@@ -29,7 +29,7 @@ import json
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,20 @@ class Evaluator:
                     f"mat's copy of {self.label(fixed.location)} ({copy}) is missing or was changed; the "
                     "run's evaluator cannot be trusted any more: start a new run"
                 )
+
+    def for_workspace(self, workspace: Path) -> Evaluator:
+        """The same evaluator for another copy of the workspace (a machine's work tree in a run on several
+        machines): files and directories recorded inside the workspace are taken to be inside `workspace`;
+        those outside it (the run's data cache, the held-out split) stay where they are."""
+        if workspace == self.workspace:
+            return self
+        home = str(self.workspace)
+
+        def moved(root: str) -> str:
+            return str(workspace) if root == home else root
+
+        files = [replace(f, root=moved(f.root)) for f in self.files]
+        return Evaluator(self.run_dir, workspace, files, [(moved(root), path) for root, path in self.dirs])
 
     # -- persistence ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ container mounts /usr and that Python read-only, so it trains with the same pack
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.support.dockerd import Dockerd
 from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser, traversable
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_DIRS = [Path(sys.prefix), Path(sys.base_prefix).resolve()]  # the venv and the interpreter under it
 
 
@@ -150,3 +152,19 @@ def workspace(tmp_path: Path) -> Path:
     path = tmp_path / "20250101-000000-test" / "workspace"
     path.mkdir(parents=True)
     return path
+
+
+# ---------------------------------------------------------------- sources to train on
+
+
+@pytest.fixture(scope="session")
+def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 40 KB of mat's own modules: enough to train and evaluate on."""
+    root = tmp_path_factory.mktemp("tiny-source")
+    modules = (REPO_ROOT / "multiagenttrainer").rglob("*.py")
+    files = sorted(p for p in modules if 2000 < p.stat().st_size < 8000)
+    for path in files[:10]:
+        target = root / path.relative_to(REPO_ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return root

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -26,18 +25,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
 MAT_TIMEOUT_S = 300
 TRAINING_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}  # on the target, one core each
-
-
-@pytest.fixture(scope="module")
-def tiny_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About 40 KB of mat's own modules: enough to train and evaluate on."""
-    root = tmp_path_factory.mktemp("tiny-source")
-    files = sorted(p for p in (ROOT / "multiagenttrainer").rglob("*.py") if 2000 < p.stat().st_size < 8000)
-    for path in files[:10]:
-        target = root / path.relative_to(ROOT)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, target)
-    return root
 
 
 def write_config(directory: Path, source: Path, execution: dict[str, Any], max_experiments: int) -> Path:

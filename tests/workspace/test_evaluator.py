@@ -129,3 +129,24 @@ def test_workspace_imports_follow_train_py_into_the_workspace(tmp_path: Path) ->
     assert found == ["helpers.py", "lib/__init__.py", "lib/models.py", "prepare.py"]
     (tmp_path / "train.py").write_text("def broken(:\n")
     assert workspace_imports(tmp_path) == []
+
+
+def test_a_machines_copy_of_the_workspace_is_checked_and_restored_in_that_copy(recorded: Evaluator) -> None:
+    """With several machines each has its own work tree: the evaluator applies to that tree, while the
+    files outside the workspace (the held-out split) stay where they are."""
+    import shutil
+
+    copy = recorded.run_dir / "workspace-gpu1"
+    shutil.copytree(recorded.workspace, copy, symlinks=True)
+    machine = recorded.for_workspace(copy)
+    assert machine.recorded_fingerprint() == recorded.recorded_fingerprint() == machine.fingerprint()
+    (copy / "prepare.py").write_text("FIXED = 0\n")
+    (copy / "data" / "extra.bin").write_bytes(b"x")
+    assert {(item.label, item.kind) for item in machine.restore()} == {
+        ("prepare.py", "modified"),
+        ("data/extra.bin", "added"),
+    }
+    assert (copy / "prepare.py").read_text() == "FIXED = 1\n" and not (copy / "data" / "extra.bin").exists()
+    assert recorded.differences() == [] and machine.spared() == recorded.spared()
+    holdout = recorded.run_dir / "evaluator" / "holdout" / "val.bin"
+    assert holdout in {f.location for f in machine.files}

@@ -154,6 +154,15 @@ def run_git(workspace: Path, *args: str, stdin: bytes | None = None, check: bool
     return run_git_bytes(workspace, *args, stdin=stdin, check=check).decode("utf-8", "surrogateescape")
 
 
+def transfer(workspace: Path, hub: Path, git_copy: Path, *args: str) -> str:
+    """`git <args>` pushing to or fetching from `hub`, another repository of the run on this machine (the
+    hub of a run on several machines). The git on the hub's side reads the hub's own config and hooks, so
+    mat's copy of its control files (`git_copy`) is put back there first; the file transport, refused to
+    every other call, is allowed for this one."""
+    restore_control_files(hub, git_copy)
+    return run_git(workspace, "-c", "protocol.file.allow=always", *args)
+
+
 def run_git_bytes(workspace: Path, *args: str, stdin: bytes | None = None, check: bool = True) -> bytes:
     """run_git, returning stdout as bytes (blob contents)."""
     try:

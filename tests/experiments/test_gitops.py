@@ -282,3 +282,30 @@ def test_control_files_are_put_back_and_a_replaced_git_dir_is_refused(repo: Path
     (repo / ".git").symlink_to(moved)
     with pytest.raises(ExperimentError, match=r"\.git is no longer a directory.*start a new run"):
         gitops.restore_control_files(repo, saved)
+
+
+def test_a_transfer_to_the_hub_runs_nothing_planted_in_the_hub(repo: Path, tmp_path: Path) -> None:
+    """With several machines, kept commits go from a machine's repository to the run's hub. The git on the
+    hub's side reads the hub's own config and hooks, which an agent on the same machine can reach: mat puts
+    back its copy of them first, and allows the file transport for that call only."""
+    script, marker = marker_script(tmp_path)
+    saved = tmp_path / "saved"
+    gitops.save_control_files(repo, saved)
+    machine = tmp_path / "machine"
+    shutil.copytree(repo, machine, symlinks=True)
+    (machine / "train.py").write_text("LR = 2\n")
+    commit = gitops.commit_paths(machine, "keep", ["train.py"])
+    hooks = repo / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for hook in ("pre-receive", "update", "post-receive", "post-update", "reference-transaction"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marker}\n")
+        (hooks / hook).chmod(0o755)
+    with (repo / ".git" / "config").open("a") as config:
+        config.write(f"[uploadpack]\n\tpackObjectsHook = {script}\n")
+    with pytest.raises(ExperimentError, match="transport 'file' not allowed"):
+        gitops.run_git(machine, "push", "-q", str(repo), f"{commit}:refs/mat/kept")
+    gitops.transfer(machine, repo, saved, "push", "-q", "--no-verify", str(repo), f"{commit}:refs/mat/kept")
+    assert git(repo, "rev-parse", "refs/mat/kept").strip() == commit
+    gitops.transfer(machine, repo, saved, "fetch", "-q", "--no-tags", str(repo), "refs/mat/kept")
+    assert not marker.exists(), marker.read_text()
+    assert list(hooks.iterdir()) == [] and "packObjectsHook" not in (repo / ".git" / "config").read_text()

@@ -53,7 +53,7 @@ from multiagenttrainer.sources.git import (
 )
 from multiagenttrainer.workspace.autoresearch_data import (
     CHARS_PER_TOKEN,
-    MIN_CHUNK_CHARS,
+    MIN_RECUT_CHARS,
     SHARD_MAX_CHARS,
     ShardStats,
     TokenCounter,
@@ -117,7 +117,7 @@ class AutoresearchSetup:
     train_tokens: int = 0  # the train rows' tokens (one BOS each), counted with the trained tokenizer
     val_tokens: int = 0
     recut_documents: int = 0  # documents cut finer because a row had more than MAX_SEQ_LEN tokens
-    rows_over_limit: int = 0  # rows still over MAX_SEQ_LEN tokens (only at MIN_CHUNK_CHARS)
+    rows_over_limit: int = 0  # rows still over MAX_SEQ_LEN tokens (only at MIN_RECUT_CHARS)
     tokens_per_step: int = (
         0  # from train.py's TOTAL_BATCH_SIZE (or DEVICE_BATCH_SIZE x MAX_SEQ_LEN); 0: unknown
     )
@@ -563,7 +563,7 @@ def token_notes(plan: TokenPlan, max_seq_len: int) -> list[str]:
         )
     if plan.over_limit:
         notes.append(
-            f"{plan.over_limit} rows are still over {max_seq_len} tokens at {MIN_CHUNK_CHARS} characters "
+            f"{plan.over_limit} rows are still over {max_seq_len} tokens at {MIN_RECUT_CHARS} characters "
             "(text of many tokens per character); autoresearch's loader crops them"
         )
     return notes

@@ -93,6 +93,7 @@ def pack_lines(text: str, budget: int) -> Iterator[str]:
 # tokenizer, one count per line in the second (autoresearch.py runs it in the workspace's interpreter)
 TokenCounter = Callable[[Path, Path], None]
 MAX_RECUT_ROUNDS = 6
+MIN_RECUT_CHARS = 128  # smallest budget a recount may give: a header (a quarter at most) and some text
 RECUT_MARGIN = 0.9  # a new budget aims a little under the limit: the count is not linear in characters
 
 
@@ -102,14 +103,14 @@ class TokenPlan:
 
     budgets: dict[int, int] = field(default_factory=dict)  # documents given a smaller character budget
     tokens: dict[int, int] = field(default_factory=dict)  # tokens of a document's rows, one BOS per row
-    over_limit: int = 0  # rows still longer than the limit at the smallest budget (MIN_CHUNK_CHARS)
+    over_limit: int = 0  # rows still longer than the limit at the smallest budget (MIN_RECUT_CHARS)
 
 
 def plan_token_budgets(
     corpus_jsonl: Path, chunk_chars: int, max_tokens: int, counter: TokenCounter, scratch: Path
 ) -> TokenPlan:
     """Count every row's tokens; cut the documents that have a row over `max_tokens` again, finer, and
-    count those again, until every row fits (or the budget reaches MIN_CHUNK_CHARS)."""
+    count those again, until every row fits (or the budget reaches MIN_RECUT_CHARS)."""
     plan = TokenPlan()
     pending: set[int] | None = None  # None: every document
     for round_number in range(MAX_RECUT_ROUNDS):
@@ -122,16 +123,18 @@ def plan_token_budgets(
 
 
 def rebudget(
-    plan: TokenPlan, index: int, counts: list[int], chunk_chars: int, max_tokens: int, last: bool
+    plan: TokenPlan, index: int, rows: list[tuple[int, int]], chunk_chars: int, max_tokens: int, last: bool
 ) -> bool:
-    """Record a document's counts; give it a smaller budget when a row is too long. True: count it again."""
-    plan.tokens[index] = sum(counts) + len(counts)
-    worst = max(counts, default=0)
+    """Record a document's (tokens, characters) per row; when a row has too many tokens, give the document
+    a budget that fits that row's characters per token. True: count it again."""
+    plan.tokens[index] = sum(tokens for tokens, _ in rows) + len(rows)
+    tokens, chars = max(rows, default=(0, 0))
     budget = plan.budgets.get(index, chunk_chars)
-    if worst <= max_tokens or budget <= MIN_CHUNK_CHARS or last:
-        plan.over_limit += sum(1 for count in counts if count > max_tokens)
+    if tokens <= max_tokens or budget <= MIN_RECUT_CHARS or last:
+        plan.over_limit += sum(1 for tokens, _ in rows if tokens > max_tokens)
         return False
-    plan.budgets[index] = max(MIN_CHUNK_CHARS, int(budget * max_tokens / worst * RECUT_MARGIN))
+    fitting = int(min(budget, chars) * max_tokens / tokens * RECUT_MARGIN)
+    plan.budgets[index] = max(MIN_RECUT_CHARS, min(fitting, budget - 1))
     return True
 
 
@@ -142,24 +145,24 @@ def count_chunk_tokens(
     only: set[int] | None,
     counter: TokenCounter,
     scratch: Path,
-) -> dict[int, list[int]]:
-    """{document index: token count of each of its rows} for the documents in `only` (None: all)."""
+) -> dict[int, list[tuple[int, int]]]:
+    """{document index: (tokens, characters) of each of its rows} for the documents in `only` (None: all)."""
     texts, counts_path = scratch / "texts.jsonl", scratch / "counts.txt"
-    owners: list[int] = []
+    owners: list[tuple[int, int]] = []  # (document index, characters) per row
     with texts.open("wb") as handle:
         for index, record in iter_corpus_records(corpus_jsonl):
             if only is None or index in only:
                 budget = plan.budgets.get(index, chunk_chars)
                 for chunk in chunk_document(document_label(record), record["text"], budget):
                     handle.write(orjson.dumps(chunk) + b"\n")
-                    owners.append(index)
+                    owners.append((index, len(chunk)))
     counter(texts, counts_path)
     counts = [int(line) for line in counts_path.read_text(encoding="utf-8").split()]
     if len(counts) != len(owners):
         raise CorpusError(f"the tokenizer counted {len(counts)} of {len(owners)} rows ({counts_path})")
-    by_document: dict[int, list[int]] = {}
-    for index, count in zip(owners, counts, strict=True):
-        by_document.setdefault(index, []).append(count)
+    by_document: dict[int, list[tuple[int, int]]] = {}
+    for (index, chars), count in zip(owners, counts, strict=True):
+        by_document.setdefault(index, []).append((count, chars))
     return by_document
 
 

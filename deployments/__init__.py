@@ -1,5 +1,4 @@
-"""Work pools and deployment registration (`mat deploy`)."""
+"""Work pools (pools.py) and deployment registration (register.py): what `mat deploy` creates.
 
-from deployments.register import DEFAULT_WORK_POOL, register_deployments
-
-__all__ = ["DEFAULT_WORK_POOL", "register_deployments"]
+Nothing is imported here, so the light pools module can be used without loading Prefect.
+"""

@@ -1,11 +1,19 @@
-"""Register the deployments in prefect.yaml against the current Prefect API (what `mat deploy` runs).
+"""Work pools, block types and deployments on the current Prefect API: what `mat deploy` runs.
 
-prefect.yaml stays the single description of mat's deployments; this module reads it and deploys
-each entry with `Flow.from_source(<project dir>, entrypoint).deploy(...)`, which gives every flow
-run a pull step that changes into the project directory. That is the same effect as
-`MAT_PROJECT_DIR=$PWD prefect deploy --all`, without a slow CLI round trip, and it creates the
-process work pool first when it is missing. The project directory must exist on the machine where
-the worker runs.
+prefect.yaml stays the one description of mat's deployments; this module reads it and registers each
+entry through the Prefect client, so that re-running it updates everything in place:
+
+- work pools (process type): `mat-local`, and `mat-<machine>` for every machine of the config. A machine
+  with `gpus: N` gets a pool limit of N flow runs at once; `gpus: 0` (the default) means no limit;
+- the block types of blocks/settings.py, so machine and SES settings can be kept on the server;
+- every deployment of prefect.yaml (ingest, train, experiments-on-machine, finetune, nightly with its
+  cron schedule), plus `experiments-on-machine/<machine>` on each machine's pool;
+- with a config file, the deployments' `config_path` parameter defaults to it (an absolute path).
+
+How a worker gets the code (the pull step): when the project directory is a git clone whose branch
+tracks a remote branch, the flow run clones that repository and branch (`git_clone`; credentials in the
+remote's URL are never copied into the deployment); otherwise it changes into the project directory
+(`set_working_directory`), which must then exist on the machine where the worker runs.
 """
 
 from __future__ import annotations
@@ -14,24 +22,48 @@ import dataclasses
 import datetime as dt
 import os
 import re
+import subprocess
+import urllib.parse
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import yaml
-from prefect import Flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.actions import DeploymentScheduleCreate, WorkPoolCreate, WorkPoolUpdate
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound, PrefectHTTPStatusError
+from prefect.flows import Flow, load_flow_from_entrypoint
 from prefect.schedules import Schedule
+from prefect.utilities.callables import parameter_schema
 from prefect.workers.process import ProcessWorker
 
-from multiagenttrainer.errors import ConfigError
+from blocks.settings import register_block_types
+from deployments.pools import DEFAULT_WORK_POOL, Pool, pool_name, pools_for
+from multiagenttrainer.config import Config
+from multiagenttrainer.errors import ConfigError, ServerError
 
-DEFAULT_WORK_POOL = "mat-local"
+MACHINE_DEPLOYMENT = "experiments-on-machine"  # prefect.yaml's entry that is copied once per machine
 PROJECT_DIR_VARIABLE = "MAT_PROJECT_DIR"  # templated in prefect.yaml as {{ $MAT_PROJECT_DIR }}
 ENV_TEMPLATE = re.compile(r"{{\s*\$(\w+)\s*}}")  # Prefect's syntax for environment variables
 SCHEDULE_FIELDS = {field.name for field in dataclasses.fields(Schedule)}
+GIT_TIMEOUT_S = 10.0
+SET_WORKING_DIRECTORY = "prefect.deployments.steps.set_working_directory"
+GIT_CLONE = "prefect.deployments.steps.git_clone"
+
+
+@dataclass(frozen=True)
+class DeployReport:
+    """What `mat deploy` registered."""
+
+    pools: list[Pool]
+    deployments: list[str]
+    pull_steps: list[dict[str, Any]]
+    block_types: list[str]
+
+
+# --------------------------------------------------------------------------- prefect.yaml
 
 
 def load_deployment_specs(project_dir: Path) -> list[dict[str, Any]]:
@@ -81,53 +113,177 @@ def schedule_from_spec(deployment: str, spec: Mapping[str, Any]) -> Schedule:
     return Schedule(**values)
 
 
-def ensure_process_pool(name: str) -> bool:
-    """Create the process work pool `name` unless it exists; True when it was created."""
-    with get_client(sync_client=True) as client:
-        try:
-            client.read_work_pool(name)
-            return False
-        except ObjectNotFound:
-            pass
+# --------------------------------------------------------------------------- work pools
+
+
+def ensure_pool(client: SyncPrefectClient, pool: Pool) -> None:
+    """Create the process pool, or bring an existing one's limit in line with the config."""
+    try:
+        existing = client.read_work_pool(pool.name)
+    except ObjectNotFound:
         template = ProcessWorker.get_default_base_job_template()
+        create = WorkPoolCreate(
+            name=pool.name, type="process", base_job_template=template, concurrency_limit=pool.limit
+        )
         try:
-            client.create_work_pool(WorkPoolCreate(name=name, type="process", base_job_template=template))
-        except ObjectAlreadyExists:
-            return False  # created meanwhile by another caller
-    return True
+            client.create_work_pool(create)
+            return
+        except ObjectAlreadyExists:  # created meanwhile by another caller
+            existing = client.read_work_pool(pool.name)
+    if existing.concurrency_limit != pool.limit:
+        client.update_work_pool(pool.name, WorkPoolUpdate(concurrency_limit=pool.limit))
 
 
-def deploy_one(project_dir: Path, spec: Mapping[str, Any], work_pool: str) -> str:
-    """Register one prefect.yaml deployment; returns "flow-name/deployment-name"."""
-    name = str(spec["name"])
+def ensure_process_pool(name: str) -> None:
+    """Create the process work pool `name` unless it exists."""
+    with get_client(sync_client=True) as client:
+        ensure_pool(client, Pool(name))
+
+
+# --------------------------------------------------------------------------- pull step
+
+
+def git(project_dir: Path, *args: str) -> str | None:
+    """Output of a read-only git command in `project_dir`, or None when it fails."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(project_dir), *args],
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, env=env, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def without_credentials(url: str) -> str:
+    """A repository URL with any user:token@ part removed (it must not end up in a deployment)."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.scheme or "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def git_upstream(project_dir: Path) -> tuple[str, str] | None:
+    """(repository URL, branch) that the project's current branch tracks, or None."""
+    branch = git(project_dir, "symbolic-ref", "--quiet", "--short", "HEAD")
+    if branch is None:
+        return None
+    remote = git(project_dir, "config", f"branch.{branch}.remote")
+    merge = git(project_dir, "config", f"branch.{branch}.merge")
+    if remote is None or merge is None or remote == ".":
+        return None
+    url = git(project_dir, "remote", "get-url", remote)
+    return (without_credentials(url), merge.removeprefix("refs/heads/")) if url else None
+
+
+def pull_steps_for(project_dir: Path) -> list[dict[str, Any]]:
+    """Clone the tracked remote branch when there is one, else change into the project directory."""
+    upstream = git_upstream(project_dir)
+    if upstream is not None:
+        repository, branch = upstream
+        return [{GIT_CLONE: {"repository": repository, "branch": branch}}]
+    return [{SET_WORKING_DIRECTORY: {"directory": str(project_dir)}}]
+
+
+# --------------------------------------------------------------------------- deployments
+
+
+def machine_specs(spec: Mapping[str, Any], cfg: Config | None) -> list[dict[str, Any]]:
+    """prefect.yaml's experiments-on-machine entry once per machine, on that machine's pool."""
+    specs = []
+    for machine in cfg.machines if cfg else []:
+        pool = {**(spec.get("work_pool") or {}), "name": pool_name(machine.name)}
+        parameters = {**(spec.get("parameters") or {}), "machine": machine.name}
+        specs.append({**spec, "name": machine.name, "work_pool": pool, "parameters": parameters})
+    return specs
+
+
+def with_config_path(spec: dict[str, Any], config_path: Path | None) -> dict[str, Any]:
+    """The spec with its `config_path` parameter defaulting to the given config file."""
+    parameters = spec.get("parameters") or {}
+    if config_path is None or "config_path" not in parameters:
+        return spec
+    return {**spec, "parameters": {**parameters, "config_path": str(config_path)}}
+
+
+def deploy_one(
+    client: SyncPrefectClient,
+    project_dir: Path,
+    spec: Mapping[str, Any],
+    work_pool: str,
+    pull_steps: list[dict[str, Any]],
+) -> str:
+    """Register (or update) one deployment; returns "flow-name/deployment-name"."""
+    name, entrypoint = str(spec["name"]), str(spec["entrypoint"])
+    path, _, function = entrypoint.rpartition(":")
+    try:
+        flow: Flow[..., Any] = load_flow_from_entrypoint(f"{project_dir / path}:{function}")
+    except Exception as exc:  # a missing file, a syntax error, no such function: all mean a bad entry
+        raise ConfigError(
+            f"prefect.yaml: deployment {name!r}: entrypoint {entrypoint} cannot be loaded ({exc})"
+        ) from exc
     pool_spec = spec.get("work_pool") or {}
-    flow: Flow[Any, Any] = Flow.from_source(str(project_dir), str(spec["entrypoint"]))  # type: ignore[assignment]
-    flow.deploy(
+    client.create_deployment(
+        flow_id=client.create_flow_from_name(flow.name),
         name=name,
+        entrypoint=entrypoint,
         work_pool_name=work_pool,
         work_queue_name=pool_spec.get("work_queue_name"),
         job_variables=pool_spec.get("job_variables") or {},
         parameters=spec.get("parameters") or {},
+        parameter_openapi_schema=parameter_schema(flow).model_dump_for_openapi(),
+        enforce_parameter_schema=True,
         description=spec.get("description"),
         tags=spec.get("tags") or [],
-        schedules=[schedule_from_spec(name, s) for s in spec.get("schedules") or []],
-        build=False,
-        push=False,
-        print_next_steps=False,
-        ignore_warnings=True,
+        schedules=[
+            DeploymentScheduleCreate.from_schedule(schedule_from_spec(name, s))
+            for s in spec.get("schedules") or []
+        ],
+        pull_steps=pull_steps,
     )
     return f"{flow.name}/{name}"
 
 
 def register_deployments(
-    project_dir: Path, work_pool: str = DEFAULT_WORK_POOL, only: Sequence[str] | None = None
+    project_dir: Path,
+    work_pool: str = DEFAULT_WORK_POOL,
+    only: Sequence[str] | None = None,
+    cfg: Config | None = None,
+    config_path: Path | None = None,
 ) -> list[str]:
-    """Create the process pool `work_pool` if missing and register the deployments in prefect.yaml.
+    """Create the pools (`work_pool` and one per machine of `cfg`) and register the deployments.
 
-    Deployments on prefect.yaml's `mat-local` pool go to `work_pool`; any other pool must exist.
-    `only` limits registration to the named deployments (all of them by default).
+    Deployments on prefect.yaml's `mat-local` pool go to `work_pool`; `only` limits registration to
+    the named prefect.yaml entries (all of them by default).
     """
+    return deploy(project_dir, cfg, config_path, work_pool, only).deployments
+
+
+def deploy(
+    project_dir: Path,
+    cfg: Config | None = None,
+    config_path: Path | None = None,
+    work_pool: str = DEFAULT_WORK_POOL,
+    only: Sequence[str] | None = None,
+) -> DeployReport:
+    """Everything `mat deploy` registers: pools, block types, deployments (module docstring)."""
     project_dir = Path(project_dir).resolve()
     specs = [s for s in load_deployment_specs(project_dir) if only is None or s["name"] in only]
-    ensure_process_pool(work_pool)
-    return [deploy_one(project_dir, spec, work_pool_for(spec, work_pool)) for spec in specs]
+    pools = pools_for(cfg, work_pool)
+    pull_steps = pull_steps_for(project_dir)
+    try:
+        block_types = register_block_types()
+        names = []
+        with get_client(sync_client=True) as client:
+            for pool in pools:
+                ensure_pool(client, pool)
+            for spec in specs:
+                extra = machine_specs(spec, cfg) if spec["name"] == MACHINE_DEPLOYMENT else []
+                for one in (spec, *extra):
+                    one = with_config_path(one, config_path)
+                    target = work_pool_for(one, work_pool)
+                    names.append(deploy_one(client, project_dir, one, target, pull_steps))
+    except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
+        raise ServerError(f"the Prefect server refused or dropped the registration: {exc}") from None
+    return DeployReport(pools, names, pull_steps, block_types)

@@ -3,6 +3,8 @@
 A source that fails is reported by name and left out; the corpus is built from the others and the
 flow then fails with IngestIncomplete, so the run is red in the UI and `mat ingest` exits 1.
 Re-running on unchanged sources fetches nothing: fetch and corpus tasks are cached (tasks/ingest.py).
+The summary it returns is persisted as JSON in the shared result storage (`mat ingest --deployment`
+prints it from there).
 
 `run_ingest` is what the CLI calls: it runs the flow in this process with the config it already
 loaded and delivers live progress events to the caller's progress object.
@@ -25,7 +27,7 @@ from multiagenttrainer.progress import IngestProgress
 from tasks.ingest import PROGRESS, PrefectSteps
 
 
-@flow(name="ingest")
+@flow(name="ingest", persist_result=True, result_serializer="json")
 def ingest(
     config_path: str | None = None,
     repos: list[str] | None = None,

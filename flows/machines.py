@@ -18,6 +18,7 @@ from typing import Any, cast
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 
+from multiagenttrainer.errors import ConfigError
 from multiagenttrainer.experiments.fleet import Batches, Fleet, Step
 
 log = logging.getLogger("multiagenttrainer.training")
@@ -53,8 +54,26 @@ def run_batch_deployment(fleet: Fleet, machine: str, config_path: str) -> FlowRu
     return cast(FlowRun, flow_run)  # the sync dispatch: called from a worker thread, not a coroutine
 
 
-def batches_via_deployments(config_path: str) -> Batches:
-    """A `Batches` for run_fleet_experiments that runs every active machine's batch as a flow run."""
+def check_deployments(machines: list[str]) -> None:
+    """Every machine's deployment is registered; else a ConfigError naming `mat deploy`."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for machine in machines:
+            try:
+                client.read_deployment_by_name(deployment_for(machine))
+            except ObjectNotFound:
+                raise ConfigError(
+                    f"machines: no deployment {deployment_for(machine)} on the Prefect server; register the "
+                    "deployments with `mat deploy --config FILE` and start workers with `mat worker start`"
+                ) from None
+
+
+def batches_via_deployments(config_path: str, machines: list[str]) -> Batches:
+    """A `Batches` for run_fleet_experiments that runs every active machine's batch as a flow run
+    (the machines' deployments are checked first)."""
+    check_deployments(machines)
 
     def run(fleet: Fleet, step: Step) -> None:
         machines = [loop.machine for loop in fleet.active()]

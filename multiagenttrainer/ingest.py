@@ -13,7 +13,11 @@ The rules live here and nowhere else:
 - the corpus is built from the sources that worked, in source-name order, so the output does not depend
   on which fetch finished first;
 - when any source failed or is incomplete, IngestIncomplete is raised after the corpus is written
-  (exit code 1).
+  (exit code 1);
+- one ingest at a time writes a corpus directory (and its staging): the whole stage holds an exclusive
+  lock on `<corpus dir>/.ingest.lock`; a second ingest of the same directory says it is waiting and
+  waits (CorpusError after LOCK_WAIT_S);
+- every progress event is also logged as the line `mat ingest` prints (progress.LoggedIngestProgress).
 
 Steps are the only thing a caller swaps: `IngestSteps` says what resolving, fetching and building one
 thing means (plain calls here, Prefect tasks with caching in tasks/ingest.py). `Ingester` is the library
@@ -22,18 +26,23 @@ API (`Ingester(cfg.sources, Path(".staging")).fetch_all()`), a thin wrapper over
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
+import fcntl
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from multiagenttrainer.config import Config, CorpusConfig, GithubConfig, SourceConfig, expand_path
-from multiagenttrainer.errors import ConfigError, IngestIncomplete, MatError, SourceError
-from multiagenttrainer.progress import IngestProgress, NullProgress
+from multiagenttrainer.errors import ConfigError, CorpusError, IngestIncomplete, MatError, SourceError
+from multiagenttrainer.progress import IngestProgress, LoggedIngestProgress, NullProgress
 from multiagenttrainer.retry import SOURCE_RETRY
 from multiagenttrainer.snapshot import Snapshot, SourceContext
 from multiagenttrainer.sources.base import Source
@@ -45,6 +54,9 @@ T = TypeVar("T")
 
 FETCH_WORKERS = 4  # clones are network-bound; a few at once
 LISTINGS_DIR = ".listings"  # under the staging directory: local_repo's listing snapshots
+LOCK_FILE = ".ingest.lock"  # in the corpus directory, held by the ingest writing it
+LOCK_WAIT_S = 1800.0  # how long an ingest waits for another one writing the same corpus directory
+LOCK_POLL_S = 0.2
 NO_SOURCES = (
     "sources: nothing to ingest; add a `sources:` section to the config "
     "(see configs/config.example.yaml) or pass --repo owner/repo"
@@ -308,6 +320,47 @@ def ingest_summary(plan: IngestPlan, report: FetchReport, built: Built | None) -
     }
 
 
+def lock_holder(handle: Any) -> str:
+    """Who holds a corpus lock, as its holder wrote it (`pid 123 on host`)."""
+    handle.seek(0)
+    return handle.read(200).strip() or "another process"
+
+
+def try_lock(handle: Any) -> bool:
+    """Take the exclusive lock on an open file without waiting; whether it was taken."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def corpus_lock(corpus_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the corpus directory's ingest lock; while another ingest holds it, say so and wait."""
+    corpus_dir.mkdir(parents=True, exist_ok=True)
+    with open(corpus_dir / LOCK_FILE, "a+", encoding="utf-8") as handle:
+        if not try_lock(handle):
+            holder = lock_holder(handle)
+            log.warning("another ingest (%s) is writing %s; waiting for it to finish", holder, corpus_dir)
+            deadline = time.monotonic() + wait_s
+            while not try_lock(handle):
+                if time.monotonic() > deadline:
+                    raise CorpusError(
+                        f"{corpus_dir} is still being written by another ingest ({holder}) after "
+                        f"{wait_s:.0f} s; wait for it to finish (or stop it), then run the command again"
+                    )
+                time.sleep(LOCK_POLL_S)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_ingest(
     plan: IngestPlan, steps: IngestSteps | None = None, progress: IngestProgress | None = None
 ) -> dict[str, Any]:
@@ -316,9 +369,10 @@ def run_ingest(
     Returns the summary; raises IngestIncomplete (carrying the same summary) when a source failed.
     """
     steps = steps or PlainSteps()
-    progress = progress or NullProgress()
-    report = fetch_sources(plan, steps, progress)
-    built = steps.build(report.ordered_snapshots(), plan, progress) if report.snapshots else None
+    progress = LoggedIngestProgress(progress or NullProgress())
+    with corpus_lock(plan.corpus_dir):
+        report = fetch_sources(plan, steps, progress)
+        built = steps.build(report.ordered_snapshots(), plan, progress) if report.snapshots else None
     summary = ingest_summary(plan, report, built)
     if summary["failures"]:
         raise IngestIncomplete(summary)

@@ -8,6 +8,8 @@ turns every delivery problem into a logged warning so it can never break the tra
 from __future__ import annotations
 
 import logging
+import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from multiagenttrainer.history import ExperimentResult
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+LIBRARY_ROOT = Path(__file__).resolve().parent  # frames under it are mat's own
 MAX_SUBJECT_CHARS = 200  # SES rejects very long subjects; ours are short, this only guards odd run names
 
 
@@ -40,6 +43,40 @@ def read_log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+def is_under(filename: str, roots: Sequence[Path]) -> bool:
+    """Whether a traceback frame's file lies under one of `roots`."""
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(root) for root in roots)
+
+
+def keep_frames(exc: traceback.TracebackException, roots: Sequence[Path]) -> None:
+    """Drop every frame outside `roots` from `exc` and the exceptions chained to it (in place)."""
+    seen: set[int] = set()
+    pending: list[traceback.TracebackException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = traceback.StackSummary.from_list(
+            [f for f in current.stack if is_under(f.filename, roots)]
+        )
+        pending += [current.__cause__, current.__context__]
+
+
+def failure_traceback(
+    error: BaseException, extra_roots: Sequence[Path] = (), lines: int = LOG_TAIL_LINES
+) -> str:
+    """The last `lines` of `error`'s traceback, with only mat's frames (the library's and `extra_roots`).
+
+    The frames of the orchestration around it (Prefect's engine, threads, event loops) say nothing about
+    what went wrong, and would push the library's frames out of an alert's tail.
+    """
+    exc = traceback.TracebackException.from_exception(error)
+    keep_frames(exc, [LIBRARY_ROOT, *(Path(root).resolve() for root in extra_roots)])
+    return tail_lines("".join(exc.format()).rstrip("\n"), lines)
+
+
 def experiment_crash_alert(
     state: RunState, result: ExperimentResult, flow_run_url: str | None = None
 ) -> tuple[str, str]:
@@ -55,20 +92,28 @@ def experiment_crash_alert(
         f"Commit: {result.commit[:7] or 'none'}",
         f"Machine: {result.machine}",
         f"Log: {result.log_path or 'none'}",
-        f"Experiments done: {state.done} of {state.max_experiments}; the run goes on with the next one.",
+        f"Experiments done: {state.done} of {state.max_experiments}; {what_next(state)}",
     ]
     return subject, _finish_body(lines, log_tail, flow_run_url or state.flow_run_url)
 
 
+def what_next(state: RunState) -> str:
+    """After a crashed experiment: whether the run goes on, or that was its last experiment."""
+    if state.done < state.max_experiments:
+        return "the run goes on with the next one."
+    return "that was the run's last experiment; the run ends with it."
+
+
 def run_failure_alert(
-    run_name: str, error: str, log_tail: str = "", flow_run_url: str | None = None
+    run_name: str, error: str, log_tail: str = "", flow_run_url: str | None = None, *, crashed: bool = False
 ) -> tuple[str, str]:
-    """(subject, body) of the alert for a run or flow that failed."""
+    """(subject, body) of the alert for a run or flow that failed, or crashed (killed, lost its process)."""
     reason, _, details = (error or "no error message was recorded").partition("\n")
-    lines = [f"Run {run_name} failed.", "", f"Error: {reason.strip()}"]
+    outcome = "crashed" if crashed else "failed"
+    lines = [f"Run {run_name} {outcome}.", "", f"Error: {reason.strip()}"]
     if details.strip():
         lines += ["", details.strip("\n")]
-    return f"run {run_name} failed", _finish_body(lines, tail_lines(log_tail), flow_run_url)
+    return f"run {run_name} {outcome}", _finish_body(lines, tail_lines(log_tail), flow_run_url)
 
 
 def _finish_body(lines: list[str], log_tail: str, flow_run_url: str | None) -> str:

@@ -22,7 +22,14 @@ from rich.table import Table
 
 from multiagenttrainer.experiments.run_state import RunState
 from multiagenttrainer.history import ExperimentResult
-from multiagenttrainer.report import first_line, setup_fact_lines, setup_warning
+from multiagenttrainer.progress import CORPUS_STARTED_LINE, corpus_finished_line, source_line, source_outcome
+from multiagenttrainer.report import (
+    corpus_line,
+    experiment_line,
+    run_started_line,
+    setup_fact_lines,
+    setup_warning,
+)
 
 
 def human_bytes(n: float) -> str:
@@ -75,18 +82,18 @@ class IngestReporter:
                 self._sources[source] = self._progress.add_task(f"fetch {source}", total=1, detail="")
 
     def source_finished(self, source: str, error: str | None, cached: bool) -> None:
-        outcome = "failed" if error else ("unchanged" if cached else "fetched")
+        outcome = source_outcome(error, cached)
         with self._lock:
             task = self._sources.get(source)
             if self.live and task is not None:
                 self._progress.update(task, completed=1, detail=f"[red]{outcome}[/red]" if error else outcome)
-        self._say(f"{source}: {outcome}")
+        self._say(source_line(source, error, cached))
 
     def corpus_started(self, total_files: int | None) -> None:
         with self._lock:
             if self.live and self._corpus is None:
                 self._corpus = self._progress.add_task("build corpus", total=total_files, detail="")
-        self._say("building corpus")
+        self._say(CORPUS_STARTED_LINE)
 
     def corpus_advanced(self, files: int, nbytes: int) -> None:
         with self._lock:
@@ -104,7 +111,7 @@ class IngestReporter:
                     completed=task.completed or 1,
                     detail="unchanged" if reused else human_bytes(self._bytes),
                 )
-        self._say("corpus unchanged, kept the existing one" if reused else "corpus written")
+        self._say(corpus_finished_line(reused))
 
 
 def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
@@ -148,30 +155,6 @@ def render_ingest_summary(console: Console, summary: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- training
 
 
-def best_before(state: RunState, experiment_id: int) -> float | None:
-    """The lowest val_bpb kept by the experiments before `experiment_id`."""
-    kept = [
-        e.val_bpb
-        for e in state.experiments
-        if e.experiment_id < experiment_id and e.status == "keep" and e.val_bpb is not None
-    ]
-    return min(kept) if kept else None
-
-
-def experiment_line(result: ExperimentResult, state: RunState) -> str:
-    """`[3/8] keep val_bpb 2.431200 (-0.012000) 21.4s  LEARNING_RATE 3e-3 -> 6e-3` for one experiment."""
-    where = f" on {result.machine}" if len(state.machines) > 1 else ""
-    position = f"[{result.experiment_id + 1}/{state.max_experiments}{where}]"
-    duration = f"{result.duration_s:.1f}s"
-    if result.status == "crash" or result.val_bpb is None:
-        reason = first_line(result.error)
-        description = f"{result.description} ({reason})" if reason else result.description
-        return f"{position} crash {duration}  {description}"
-    best = best_before(state, result.experiment_id)
-    delta = f" ({result.val_bpb - best:+.6f})" if best is not None else ""
-    return f"{position} {result.status} val_bpb {result.val_bpb:.6f}{delta} {duration}  {result.description}"
-
-
 class TrainReporter:
     """A TrainProgress that prints one line per event and remembers which run it is, for the closing lines."""
 
@@ -186,20 +169,14 @@ class TrainReporter:
             self.console.print(text)
 
     def corpus_ready(self, corpus_dir: str, status: str) -> None:
-        self._say(f"corpus: {corpus_dir} ({status})")
+        self._say(corpus_line(corpus_dir, status))
 
     def run_started(self, run_dir: Path, state: RunState) -> None:
         self.run_id, self.run_dir = state.run_id, run_dir
-        if state.done:
-            done = f"{state.done} of {state.max_experiments}"
-            self._say(f"run {state.run_id}: resuming after {done} experiments")
-        else:
-            self._say(f"run {state.run_id}: {state.max_experiments} experiments in {run_dir}")
+        self._say(run_started_line(run_dir, state))
+        if not state.done:
             for fact in setup_fact_lines(state.workspace):
                 self._say(f"  {escape(fact)}")
-        machines = [str(m.get("name")) for m in state.config.get("machines", []) if isinstance(m, dict)]
-        if len(machines) > 1:
-            self._say(f"run {state.run_id}: on {len(machines)} machines at once: {', '.join(machines)}")
 
     def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         self._say(experiment_line(result, state))

@@ -70,6 +70,65 @@ def first_line(text: str | None, limit: int = MAX_ERROR_CHARS) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+# ---------------------------------------------------------------- progress lines (printed and logged)
+
+
+def best_before(state: RunState, experiment_id: int) -> float | None:
+    """The lowest val_bpb kept by the experiments before `experiment_id`."""
+    kept = [
+        e.val_bpb
+        for e in state.experiments
+        if e.experiment_id < experiment_id and e.status == "keep" and e.val_bpb is not None
+    ]
+    return min(kept) if kept else None
+
+
+def experiment_line(result: ExperimentResult, state: RunState) -> str:
+    """`[3/8] keep val_bpb 2.431200 (-0.012000) 21.4s  LEARNING_RATE 3e-3 -> 6e-3` for one experiment
+    (`[3/8 on gpu-small]` when the run has several machines)."""
+    where = f" on {result.machine}" if len(state.machines) > 1 else ""
+    position = f"[{result.experiment_id + 1}/{state.max_experiments}{where}]"
+    duration = f"{result.duration_s:.1f}s"
+    if result.status == "crash" or result.val_bpb is None:
+        reason = first_line(result.error)
+        description = f"{result.description} ({reason})" if reason else result.description
+        return f"{position} crash {duration}  {description}"
+    best = best_before(state, result.experiment_id)
+    delta = f" ({result.val_bpb - best:+.6f})" if best is not None else ""
+    return f"{position} {result.status} val_bpb {result.val_bpb:.6f}{delta} {duration}  {result.description}"
+
+
+def experiment_outcome(results: list[ExperimentResult]) -> str:
+    """keep when a result was kept, crash when every result crashed, else discard (one step may record
+    several experiments in agent mode)."""
+    statuses = {result.status for result in results}
+    if "keep" in statuses:
+        return "keep"
+    return "crash" if statuses == {"crash"} else "discard"
+
+
+def corpus_line(corpus_dir: str, status: str) -> str:
+    """`corpus: /path (built)`: the corpus a run trains on."""
+    return f"corpus: {corpus_dir} ({status})"
+
+
+def run_started_line(run_dir: Path, state: RunState) -> str:
+    """The line that opens a run (new or resumed)."""
+    machines = [str(m.get("name")) for m in state.config.get("machines", []) if isinstance(m, dict)]
+    on = f" on {len(machines)} machines at once: {', '.join(machines)}" if len(machines) > 1 else ""
+    if state.done:
+        return f"run {state.run_id}: resuming after {state.done} of {state.max_experiments} experiments{on}"
+    return f"run {state.run_id}: {state.max_experiments} experiments in {run_dir}{on}"
+
+
+def run_finished_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines that close a run: how it ended, where it is, where its report is."""
+    return [
+        f"run {summary['run_id']} {summary['status']}: {summary['run_dir']}",
+        f"report: {summary['report']}",
+    ]
+
+
 def experiment_rows(state: RunState) -> list[ExperimentRow]:
     """The experiments in order, each with its delta against the best val_bpb kept before it."""
     rows = []

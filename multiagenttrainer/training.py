@@ -9,9 +9,13 @@ The rules live here:
   written, training goes on and the summary notes it; without a corpus the run fails; with no sources
   at all, the corpus already in `corpus.dir` is used;
 - `--resume` skips ingest and set-up and continues where results.tsv ends (experiments/runner.py);
+- a flow run that runs again under the same id (a retry from the Prefect UI, `prefect flow-run retry`)
+  resumes the run that flow run started (run.json records it) instead of starting a new one;
 - experiments run one at a time through `run_loop`, and report.md is rewritten after each;
 - a crashed experiment is a result, not a failure: it is e-mailed when `notifications.ses` is set;
-- however the run ends, run.json and the report say how.
+- however the run ends, run.json and the report say how;
+- every progress line `mat train` prints is also logged (`multiagenttrainer.progress`), so a flow run's
+  logs hold them too (LoggedTrainProgress).
 
 `TrainSteps` is what a caller swaps: the plain steps here, or Prefect tasks (tasks/train.py).
 """
@@ -27,13 +31,15 @@ from typing import Any, Protocol
 
 from multiagenttrainer import report
 from multiagenttrainer.config import Config, TrainingConfig, expand_path
-from multiagenttrainer.errors import ConfigError, IngestIncomplete, disk_full_error, is_disk_full
+from multiagenttrainer.errors import ConfigError, IngestIncomplete, MatError, disk_full_error, is_disk_full
 from multiagenttrainer.experiments.fleet import Batches, run_in_threads
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
-from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive
+from multiagenttrainer.experiments.run_state import RunState, find_run_of_flow_run, load_run
+from multiagenttrainer.experiments.runner import DEFAULT_NAME, Runner, drive, find_run_dir, run_batch
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.notify import SesNotifier, experiment_crash_alert, make_notifier, notify_safely
+from multiagenttrainer.progress import progress_log
 from multiagenttrainer.workspace.setup import Workspace
 
 log = logging.getLogger(__name__)
@@ -85,8 +91,13 @@ def train_request(
     flow_run_url: str | None = None,
     via_deployments: bool = False,
 ) -> TrainRequest:
-    """A TrainRequest from a command's options; unset options come from the config."""
+    """A TrainRequest from a command's options; unset options come from the config.
+
+    A flow run that already started a run (it is being retried) resumes that run.
+    """
     runs_dir = expand_path(str(output_dir or cfg.training.output_dir)).resolve()
+    if resume is None and flow_run_id is not None:
+        resume = run_to_retry(runs_dir, flow_run_id)
     return TrainRequest(
         config=cfg,
         name=default_run_name(name, config_path),
@@ -113,6 +124,45 @@ def check_via_deployments(request: TrainRequest) -> None:
         )
     if request.config_path is None:
         raise ConfigError("--via-deployments needs --config FILE: the workers load the config from that file")
+
+
+LOCAL_MACHINE = "local"  # the machine mat runs on, with training.execution as configured
+
+
+def machine_names(cfg: Config) -> list[str]:
+    """The machines a run's experiments can go to: `local` and every configured machine."""
+    return [LOCAL_MACHINE, *(m.name for m in cfg.machines if m.name != LOCAL_MACHINE)]
+
+
+def on_machine(cfg: Config, machine: str) -> Config:
+    """`cfg` with its experiments on `machine`: that machine's execution target and agent command.
+
+    "local" (unless a configured machine has that name) leaves `cfg` as it is; an unknown name is a
+    ConfigError that lists the machines.
+    """
+    chosen = next((m for m in cfg.machines if m.name == machine), None)
+    if chosen is None and machine == LOCAL_MACHINE:
+        return cfg
+    if chosen is None:
+        raise ConfigError(
+            f"machine {machine!r} is not configured; use one of: {', '.join(machine_names(cfg))} "
+            "(the config's `machines:` names)"
+        )
+    update: dict[str, Any] = {"execution": chosen.execution}
+    if chosen.agent_command:
+        update["agent_command"] = chosen.agent_command
+    return cfg.model_copy(update={"training": cfg.training.model_copy(update=update)})
+
+
+def run_to_retry(runs_dir: Path, flow_run_id: str) -> str | None:
+    """The id of the run a flow run started before, when it runs again (a retry); else None."""
+    if not runs_dir.is_dir():
+        return None
+    state = find_run_of_flow_run(runs_dir, flow_run_id)
+    if state is None:
+        return None
+    log.info("flow run %s runs again: resuming its run %s", flow_run_id, state.run_id)
+    return state.run_id
 
 
 # --------------------------------------------------------------------------- steps
@@ -229,6 +279,25 @@ def prepare_corpus(
     return str(summary["corpus_dir"]), notes
 
 
+class LoggedTrainProgress:
+    """Logs each training event as the line `mat train` prints for it, and passes every event on."""
+
+    def __init__(self, inner: TrainProgress) -> None:
+        self.inner = inner
+
+    def corpus_ready(self, corpus_dir: str, status: str) -> None:
+        progress_log.info("%s", report.corpus_line(corpus_dir, status))
+        self.inner.corpus_ready(corpus_dir, status)
+
+    def run_started(self, run_dir: Path, state: RunState) -> None:
+        progress_log.info("%s", report.run_started_line(run_dir, state))
+        self.inner.run_started(run_dir, state)
+
+    def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
+        progress_log.info("%s", report.experiment_line(result, state))
+        self.inner.experiment_finished(result, state)
+
+
 def crash_alerts(notifier: SesNotifier, runner: Runner) -> ResultHook:
     """An on_result hook that e-mails each crashed experiment, with its log's absolute path."""
 
@@ -293,18 +362,61 @@ def run_training(
     A full disk anywhere (ingest, set-up, resume, an experiment) ends it with one DiskFullError line that
     says how much to free and what to run afterwards.
     """
+    logged = LoggedTrainProgress(progress or NullTrainProgress())
     try:
-        return train_stage(request, steps or PlainTrainSteps(), progress or NullTrainProgress())
+        summary = train_stage(request, steps or PlainTrainSteps(), logged)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
         then = f"`mat train --resume {request.resume}`" if request.resume else "run the command again"
         raise disk_full_error(exc, request.runs_dir, 0, then) from None
+    for line in report.run_finished_lines(summary):
+        progress_log.info("%s", line)
+    return summary
+
+
+def is_machine_batch(runs_dir: Path, run_id: str, machine: str) -> bool:
+    """Whether `machine` is one of the machines of multi-machine run `run_id` (its batch can join it)."""
+    try:
+        state = load_run(find_run_dir(run_id, runs_dir))
+    except MatError:
+        return False
+    return machine in {record.name for record in state.machines}
+
+
+def run_machine_batch(
+    run_id: str, runs_dir: Path, machine: str, steps: TrainSteps, progress: TrainProgress | None = None
+) -> dict[str, Any]:
+    """One machine's batch of a multi-machine run started elsewhere (`mat train --via-deployments`): its
+    experiments until the run holds its total, recorded in the shared run.json; returns what it did."""
+    logged = LoggedTrainProgress(progress or NullTrainProgress())
+    runner, fleet = Runner.open_batch(run_id, runs_dir, machine)
+    runner.hooks.append(progress_hook(logged, runner))
+    run_dir, state = fleet.run_dir, fleet.state
+
+    def experiment(loop: Loop, experiment_id: int) -> None:
+        steps.experiment(runner, loop, experiment_id)
+        with loop.lock:
+            report.write_report(run_dir, state)
+
+    progress_log.info(
+        "run %s: machine %s takes experiments until the run holds %d", run_id, machine, state.max_experiments
+    )
+    run_batch(fleet, experiment)
+    mine = [result for result in state.experiments if result.machine == machine]
+    return {
+        "run_id": state.run_id,
+        "run_dir": str(run_dir),
+        "machine": machine,
+        "experiments": len(mine),
+        "kept": sum(1 for result in mine if result.status == "keep"),
+        "crashed": sum(1 for result in mine if result.status == "crash"),
+        "machine_status": next(r.status for r in state.machines if r.name == machine),
+    }
 
 
 def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgress) -> dict[str, Any]:
     """run_training's body."""
-    progress = progress or NullTrainProgress()
     check_via_deployments(request)
     batches = steps.machine_batches(request)
     corpus_dir, notes = (None, []) if request.resume else prepare_corpus(request, steps, progress)

@@ -1,7 +1,8 @@
 """The `mat` command: parse arguments, load the config, call a flow or the library, render the result.
 
-The core commands live here; `mat server ...` in server.py, `mat finetune ...` in finetune.py, `mat serve`
-in serve.py, `mat request ...` in request.py, and what they all share in common.py.
+The core commands live here; `mat server ...` in server.py, `mat worker ...` in worker.py, `mat finetune
+...` in finetune.py, `mat serve` in serve.py, `mat request ...` in request.py, and what they all share in
+common.py. `--deployment` runs of ingest and train are submitted and followed by follow.py.
 
 Prefect is imported only by the commands that run flows, after `configure_prefect_environment()`
 has pointed it at a running `mat server` (if any), so read-only commands stay fast.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -21,17 +22,21 @@ from multiagenttrainer.cli.common import (
     ConfigOption,
     JsonOption,
     RepoOption,
+    absolute,
+    config_parameter,
     err,
     fail,
     load_with_repos,
     out,
     prepare_prefect,
+    require_server,
     warn,
 )
 from multiagenttrainer.cli.finetune import finetune_app
 from multiagenttrainer.cli.request import request_app
 from multiagenttrainer.cli.serve import serve_command
 from multiagenttrainer.cli.server import server_app
+from multiagenttrainer.cli.worker import worker_app
 from multiagenttrainer.config import load_config
 from multiagenttrainer.errors import MatError
 
@@ -45,6 +50,7 @@ app = typer.Typer(
 config_app = typer.Typer(help="Check configuration files.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(server_app, name="server")
+app.add_typer(worker_app, name="worker")
 app.add_typer(finetune_app, name="finetune")
 app.add_typer(request_app, name="request")
 app.command("serve")(serve_command)
@@ -115,6 +121,15 @@ def sources(config: ConfigOption = None, repo: RepoOption = None, as_json: JsonO
 
 # --------------------------------------------------------------------------- ingest
 
+NO_WORKER = "a run submitted to a throw-away server has no worker"
+DeploymentOption = Annotated[
+    bool,
+    typer.Option(
+        "--deployment",
+        help="Submit a flow run of the deployment to its work pool (after `mat deploy`) and follow it here.",
+    ),
+]
+
 
 @app.command()
 def ingest(
@@ -124,6 +139,7 @@ def ingest(
         Path | None, typer.Option("--corpus-dir", help="Where to write the corpus (default: corpus.dir).")
     ] = None,
     as_json: JsonOption = False,
+    deployment: DeploymentOption = False,
 ) -> None:
     """Fetch every source and build the corpus (corpus.txt, corpus.jsonl, stats.json)."""
     from multiagenttrainer.errors import IngestIncomplete
@@ -135,6 +151,8 @@ def ingest(
         plan_ingest(cfg, corpus_dir=corpus_dir)  # no sources: a config error
     except MatError as exc:
         fail(exc)
+    if deployment:
+        ingest_on_deployment(config, repo, corpus_dir, as_json)
     prepare_prefect()
     from flows.ingest import run_ingest
 
@@ -158,6 +176,34 @@ def ingest(
             "incomplete" if failure.get("partial") else "failed",
             "red",
         )
+    raise typer.Exit(code)
+
+
+def ingest_on_deployment(
+    config: Path | None, repo: list[str] | None, corpus_dir: Path | None, as_json: bool
+) -> NoReturn:
+    """`mat ingest --deployment`: a run of ingest/ingest on its work pool, followed here."""
+    require_server(NO_WORKER, "run `mat deploy` and `mat worker start`")  # before Prefect is imported
+    from multiagenttrainer.cli.follow import result_of, run_and_follow
+    from multiagenttrainer.render import render_ingest_summary
+
+    parameters = {
+        "config_path": config_parameter(config),
+        "repos": repo or None,
+        "corpus_dir": absolute(corpus_dir),
+    }
+    try:
+        flow_run, code = run_and_follow("ingest/ingest", parameters, err)
+    except MatError as exc:
+        fail(exc)
+    summary = result_of(flow_run) if flow_run is not None and code == 0 else None
+    if isinstance(summary, dict) and summary.get("stats") is not None:
+        if as_json:
+            out.print_json(data=summary["stats"])
+        else:
+            render_ingest_summary(out, summary)
+    elif code == 0:
+        warn("the run's summary is not in this machine's result storage; see the flow run in the UI")
     raise typer.Exit(code)
 
 
@@ -188,6 +234,15 @@ def train_command(
         Path | None,
         typer.Option("--corpus-dir", help="Where the corpus is written and read (default: corpus.dir)."),
     ] = None,
+    deployment: DeploymentOption = False,
+    via_deployments: Annotated[
+        bool,
+        typer.Option(
+            "--via-deployments",
+            help="Run each machine's batch as a flow run of experiments-on-machine/<machine> on the "
+            "machine's work pool (after `mat deploy` and `mat worker start`).",
+        ),
+    ] = False,
 ) -> None:
     """Ingest, set up a workspace and run training experiments; writes results.tsv and report.md."""
     from multiagenttrainer.render import TrainReporter
@@ -200,6 +255,20 @@ def train_command(
             make_agent(cfg.training)  # an agent command that cannot work is a config error
     except MatError as exc:
         fail(exc)
+    if deployment:
+        parameters = {
+            "config_path": config_parameter(config),
+            "name": name,
+            "max_experiments": max_experiments,
+            "output_dir": absolute(output_dir),
+            "repos": repo or None,
+            "resume": resume,
+            "corpus_dir": absolute(corpus_dir),
+            "via_deployments": via_deployments,
+        }
+        train_on_deployment(parameters)
+    if via_deployments:
+        require_server(NO_WORKER, "run `mat deploy` and `mat worker start`")
     prepare_prefect()
     from flows.train import run_train
 
@@ -214,6 +283,7 @@ def train_command(
             resume=resume,
             corpus_dir=corpus_dir,
             progress=reporter,
+            via_deployments=via_deployments,
         )
     except KeyboardInterrupt:
         hint = f"; continue it with `mat train --resume {reporter.run_id}`" if reporter.run_id else ""
@@ -228,6 +298,18 @@ def train_command(
     out.print(f"run {summary['run_id']} {summary['status']}: {summary['run_dir']}")
     out.print(f"report: {summary['report']}")
     raise typer.Exit(0 if summary["status"] == "completed" else 1)
+
+
+def train_on_deployment(parameters: dict[str, Any]) -> NoReturn:
+    """`mat train --deployment`: a run of train/train on its work pool, followed here."""
+    require_server(NO_WORKER, "run `mat deploy` and `mat worker start`")  # before Prefect is imported
+    from multiagenttrainer.cli.follow import run_and_follow
+
+    try:
+        _, code = run_and_follow("train/train", parameters, out)
+    except MatError as exc:
+        fail(exc)
+    raise typer.Exit(code)
 
 
 # --------------------------------------------------------------------------- status and watch
@@ -290,29 +372,49 @@ def watch(
 
 @app.command()
 def deploy(
-    work_pool: Annotated[str, typer.Option(help="Process work pool to deploy to.")] = "mat-local",
+    config: ConfigOption = None,
+    work_pool: Annotated[
+        str, typer.Option(help="Work pool of the deployments (process type).")
+    ] = "mat-local",
 ) -> None:
-    """Create the work pool and register the deployments in prefect.yaml with the running server."""
-    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
-    from multiagenttrainer.errors import ServerError
-
-    if configure_prefect_environment() is None:
-        fail(
-            ServerError(
-                "no Prefect server is running, and deployments registered with a throw-away one would "
-                "be lost: start one with `mat server start` (or set PREFECT_API_URL), then run "
-                "`mat deploy` again"
-            )
-        )
-    from deployments.register import register_deployments
-
+    """Create the work pools (mat-local, mat-<machine>) and register the deployments of prefect.yaml."""
     try:
-        names = register_deployments(project_dir(), work_pool=work_pool)
+        cfg = load_config(config)
     except MatError as exc:
         fail(exc)
-    for name in names:
-        out.print(f"deployed {name} on work pool {work_pool}")
-    out.print(f"Start a worker with: prefect worker start --pool {work_pool}")
+    require_server("deployments registered with a throw-away one would be lost", "run `mat deploy` again")
+    from deployments.register import deploy as register
+
+    config_path = config_file_for_deployments(config)
+    try:
+        report = register(project_dir(), cfg, config_path, work_pool)
+    except MatError as exc:
+        fail(exc)
+    for pool in report.pools:
+        limit = f"at most {pool.limit} flow runs at once" if pool.limit else "no limit"
+        out.print(f"work pool {pool.name} ({limit})", markup=False)
+    for name in report.deployments:
+        out.print(f"deployed {name}", markup=False)
+    out.print(f"flow runs get the code by: {describe_pull(report.pull_steps)}", markup=False)
+    if config_path is not None:
+        out.print(f"deployments use {config_path} unless a run passes another config_path", markup=False)
+    out.print("Start the workers with `mat worker start` (or: prefect worker start --pool mat-local).")
+
+
+def config_file_for_deployments(config: Path | None) -> Path | None:
+    """The config the deployments default to: --config, else ./multiagenttrainer.yaml if present."""
+    from multiagenttrainer.config import DEFAULT_CONFIG_FILE
+
+    path = config if config is not None else Path(DEFAULT_CONFIG_FILE)
+    return path.resolve() if path.is_file() else None
+
+
+def describe_pull(steps: list[dict[str, Any]]) -> str:
+    """One line for the deployments' pull step."""
+    (name, arguments), *_ = steps[0].items()
+    if name.endswith("git_clone"):
+        return f"git clone {arguments['repository']} (branch {arguments['branch']})"
+    return f"working in {arguments['directory']} (it must exist where the worker runs)"
 
 
 def project_dir() -> Path:

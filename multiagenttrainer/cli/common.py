@@ -69,7 +69,24 @@ def prepare_prefect() -> None:
     if not verbose_logging():
         from flows import quiet_console_logging
 
-        quiet_console_logging()
+        quiet_console_logging(show_warning=warn)
+
+
+def require_server(why: str, then: str) -> str:
+    """The API URL of the running Prefect server (mat's, or PREFECT_API_URL), with Prefect pointed at it;
+    without one, exit naming `mat server start`. `why`: what a throw-away server would lose."""
+    from multiagenttrainer.cli.prefect_server import configure_prefect_environment
+    from multiagenttrainer.errors import ServerError
+
+    url = configure_prefect_environment()
+    if url is None:
+        fail(
+            ServerError(
+                f"no Prefect server is running, and {why}: start one with `mat server start` "
+                f"(or set PREFECT_API_URL), then {then}"
+            )
+        )
+    return url
 
 
 def verbose_logging() -> bool:
@@ -77,3 +94,18 @@ def verbose_logging() -> bool:
     import os
 
     return os.environ.get("PREFECT_LOGGING_LEVEL", "").upper() in {"DEBUG", "INFO"}
+
+
+def absolute(path: Path | None) -> str | None:
+    """A path option as an absolute path: the flow run works in another directory."""
+    return str(path.expanduser().resolve()) if path is not None else None
+
+
+def config_parameter(config: Path | None) -> str | None:
+    """The config file the flow run loads: --config, else ./multiagenttrainer.yaml if there is one."""
+    from multiagenttrainer.config import DEFAULT_CONFIG_FILE
+
+    if config is not None:
+        return absolute(config)
+    default = Path(DEFAULT_CONFIG_FILE)
+    return absolute(default) if default.is_file() else None

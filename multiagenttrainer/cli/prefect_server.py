@@ -21,7 +21,15 @@ Which server a flow-running command uses (`ensure_prefect_server`):
 - MAT_PREFECT_SERVER=ephemeral: a server for this command only, stopped when the command ends, and
   by the kernel when mat itself is killed (PR_SET_PDEATHSIG), so nothing is left behind.
 Starting either kind holds a lock on ``$MAT_HOME/server.lock`` until the server answers, so two first
-commands at once never race on the database's migrations.
+commands at once never race on the database's migrations. Commands with different MAT_HOMEs (several
+users, or test sessions, on one machine) can still pick the same free port at once: a server counts as
+started only when the listening socket on its port belongs to it, and one that lost the port to
+another is started again on the next free port.
+
+Every process mat points at a server shares one result storage, ``$MAT_HOME/prefect/storage``
+(PREFECT_RESULTS_LOCAL_STORAGE_PATH), so cache entries written by `mat ingest` serve a worker's flow run
+and the other way round. `mat server start` also writes the Prefect profile `mat` (prefect_profile.py)
+so that the plain `prefect` command finds this server.
 
 This module never imports prefect: it runs ``python -m prefect server start`` as a child process
 and talks to it over plain HTTP.
@@ -47,13 +55,14 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.errors import ServerError
 from multiagenttrainer.processes import pid_alive, start_in_session
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 4200
@@ -63,6 +72,7 @@ EXTRA_LOGGER = "multiagenttrainer"
 MODE_VARIABLE = "MAT_PREFECT_SERVER"
 MODES = ("local", "ephemeral")
 START_TIMEOUT_S = 180.0  # a fresh database is migrated first: 15-30 s here, more under load
+PORT_ATTEMPTS = 5  # ports tried when another server takes the chosen one first
 PR_SET_PDEATHSIG = 1
 
 
@@ -102,6 +112,11 @@ def mat_home() -> Path:
 def prefect_home() -> Path:
     """The PREFECT_HOME mat uses: the local server's database, results and cache records."""
     return mat_home() / "prefect"
+
+
+def results_storage_path() -> Path:
+    """Where every process mat starts (and the `mat` profile's workers) keep results and cache records."""
+    return prefect_home() / "storage"
 
 
 def state_file() -> Path:
@@ -168,6 +183,10 @@ def choose_port(port: int | None) -> int:
         f"no free port between {DEFAULT_PORT} and {DEFAULT_PORT + PORT_SEARCH_SPAN - 1} on {HOST}; "
         "free one or pass --port"
     )
+
+
+class PortTaken(ServerError):
+    """Another server took the chosen port before the one being started could listen on it."""
 
 
 def is_prefect_server_process(pid: int) -> bool:
@@ -252,7 +271,17 @@ def start_server(port: int | None = None, timeout_s: float = START_TIMEOUT_S) ->
         running = _adopt_running_server(timeout_s)
         if running is not None:
             return running
-        return _start_recorded_server(choose_port(port), timeout_s)
+        if port is not None:
+            return _start_recorded_server(choose_port(port), timeout_s)
+        return _on_a_free_port(lambda chosen: _start_recorded_server(chosen, timeout_s))
+
+
+def _on_a_free_port(start: Callable[[int], T]) -> T:
+    """`start(port)` on a free port, again on the next one while other servers take them first."""
+    for _ in range(PORT_ATTEMPTS - 1):
+        with contextlib.suppress(PortTaken):
+            return start(choose_port(None))
+    return start(choose_port(None))
 
 
 def _start_recorded_server(chosen: int, timeout_s: float) -> ServerInfo:
@@ -270,7 +299,7 @@ def _start_recorded_server(chosen: int, timeout_s: float) -> ServerInfo:
     if not _wait_until_healthy(info, timeout_s, process):
         _terminate_group(info.pid, timeout_s=10.0)
         clear_state()
-        raise ServerError(_startup_failure_message(info, timeout_s))
+        _raise_start_failure(info, timeout_s)
     log.info("Prefect server started at %s (pid %d)", info.ui_url, info.pid)
     return replace(info, healthy=True)
 
@@ -300,6 +329,8 @@ def configure_prefect_environment(
     env.setdefault("DO_NOT_TRACK", "1")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     env["PREFECT_LOGGING_EXTRA_LOGGERS"] = _with_extra_logger(env.get("PREFECT_LOGGING_EXTRA_LOGGERS", ""))
+    # one result storage for mat, its workers and their flow runs, whichever PREFECT_HOME each has
+    env.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(results_storage_path()))
     if "prefect" in sys.modules:
         log.warning("prefect was imported before configure_prefect_environment(); settings may be ignored")
     if env.get("PREFECT_API_URL"):
@@ -346,7 +377,7 @@ def start_local_server_on_first_use(announce: Callable[[str], None]) -> str:
         url = discover_api_url()
         if url is not None:
             return url  # another command started it while this one waited for the lock
-        info = _start_recorded_server(choose_port(None), START_TIMEOUT_S)
+        info = _on_a_free_port(lambda chosen: _start_recorded_server(chosen, START_TIMEOUT_S))
     announce(
         f"Started a local Prefect server for this and later mat commands: UI {info.ui_url}, "
         f"log {info.log_file}. Stop it with `mat server stop`."
@@ -363,19 +394,22 @@ def die_with_parent() -> None:
 def start_ephemeral_server(env: MutableMapping[str, str]) -> str:
     """A server for this command only; it ends with the command, even when mat is killed."""
     with starting_lock():
-        port = choose_port(None)
-        mat_home().mkdir(parents=True, exist_ok=True)
-        with log_file().open("ab") as log_handle:
-            process = subprocess.Popen(
-                server_command(port), cwd=mat_home(), env=server_environment(port, env),
-                stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=die_with_parent,
-            )  # fmt: skip
-        atexit.register(_terminate_group_quietly, process.pid)
-        info = ServerInfo(process.pid, port, api_url_for(port), ui_url_for(port), "", str(log_file()))
-        if not _wait_until_healthy(info, START_TIMEOUT_S, process):
-            _terminate_group_quietly(process.pid)
-            raise ServerError(_startup_failure_message(info, START_TIMEOUT_S))
+        return _on_a_free_port(lambda port: _start_ephemeral_on(port, env))
+
+
+def _start_ephemeral_on(port: int, env: MutableMapping[str, str]) -> str:
+    mat_home().mkdir(parents=True, exist_ok=True)
+    with log_file().open("ab") as log_handle:
+        process = subprocess.Popen(
+            server_command(port), cwd=mat_home(), env=server_environment(port, env),
+            stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+            start_new_session=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+    atexit.register(_terminate_group_quietly, process.pid)
+    info = ServerInfo(process.pid, port, api_url_for(port), ui_url_for(port), "", str(log_file()))
+    if not _wait_until_healthy(info, START_TIMEOUT_S, process):
+        _terminate_group_quietly(process.pid)
+        _raise_start_failure(info, START_TIMEOUT_S)
     return info.api_url
 
 
@@ -497,6 +531,13 @@ def _terminate_group(pid: int, timeout_s: float) -> None:
                 return
             time.sleep(0.1)
     raise ServerError(f"the Prefect server (pid {pid}) did not stop after SIGKILL; check `ps -p {pid}`")
+
+
+def _raise_start_failure(info: ServerInfo, timeout_s: float) -> NoReturn:
+    """PortTaken when another server now listens on the port, else ServerError with the log's tail."""
+    if not port_is_free(info.port):
+        raise PortTaken(f"port {info.port} was taken by another server while this one started")
+    raise ServerError(_startup_failure_message(info, timeout_s))
 
 
 def _startup_failure_message(info: ServerInfo, timeout_s: float) -> str:

@@ -249,6 +249,7 @@ class MachineConfig(Model):
     name: str
     execution: ExecutionConfig = Field(default_factory=LocalExecution)
     agent_command: str | None = None
+    gpus: int = Field(0, ge=0, le=1024, description="GPUs; its work pool runs that many flows at once")
 
 
 # --------------------------------------------------------------------------- autoresearch and training

@@ -67,6 +67,7 @@ from multiagenttrainer.workspace.summary import parse_run_summary
 log = logging.getLogger(__name__)
 
 ResultHook = Callable[[ExperimentResult], None]
+ProposalHook = Callable[[int, str], None]  # (experiment id, the change's description), before training
 BASELINE_DESCRIPTION = "baseline"
 RUN_LOG = "run.log"
 MAX_NOTED_PATHS = 5
@@ -112,6 +113,7 @@ class Loop:
     save_lock: RunLock | None = None  # shared by a run's machines; its own lock by default
     sharing: Sharing | None = None
     last_outcome: RunOutcome | None = None  # how the last training run on this machine ended
+    proposal_hooks: Sequence[ProposalHook] = ()
     evaluator: Evaluator | None = None  # loaded from the run directory when not given
     scoring_executor: Executor | None = None  # made on first use (see `scorer`)
 
@@ -364,10 +366,22 @@ def agent_failure(loop: Loop, attempt: Attempt, outcome: AgentOutcome) -> str | 
 # ---------------------------------------------------------------- harness mode
 
 
+def announce_proposal(loop: Loop, attempt: Attempt) -> None:
+    """Tell the proposal hooks what the experiment will try (a failing hook is only logged)."""
+    for hook in loop.proposal_hooks:
+        try:
+            hook(attempt.experiment_id, attempt.description)
+        except Exception:
+            log.warning(
+                "proposal hook %r failed for experiment %d", hook, attempt.experiment_id, exc_info=True
+            )
+
+
 def propose_change(loop: Loop, attempt: Attempt) -> ExperimentResult | None:
     """The agent's turn in harness mode; a crash result when there is nothing to train."""
     outcome = call_agent(loop, attempt, "harness", float(loop.training.agent_timeout))
     attempt.description = " ".join(outcome.description.split()) or "no description"
+    announce_proposal(loop, attempt)
     revert_other_edits(loop, attempt)
     reason = agent_failure(loop, attempt, outcome)
     if reason is None:

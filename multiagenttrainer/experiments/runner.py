@@ -59,6 +59,7 @@ from multiagenttrainer.experiments.guard import Guard
 from multiagenttrainer.experiments.loop import (
     Loop,
     LoopOptions,
+    ProposalHook,
     ResultHook,
     RunInterrupted,
     check_stop,
@@ -344,6 +345,7 @@ class Runner:
         self.agent = agent
         self.executor = executor
         self.hooks = as_hooks(on_result)
+        self.proposal_hooks: list[ProposalHook] = []  # told each change before it is trained
         self.options = options or LoopOptions()
         self.machines = list(machines)
         self.resumed = False
@@ -434,6 +436,7 @@ class Runner:
             self.options,
             stop,
             evaluator=evaluator,
+            proposal_hooks=self.proposal_hooks,
         )
 
     def _mark_running(self, workspace: Workspace, max_experiments: int | None) -> tuple[Path, RunState]:

@@ -157,3 +157,41 @@ def test_server_status_reports_the_running_server(prefect_api: str) -> None:
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["api_url"] == prefect_api and info["healthy"] is True
+
+
+@pytest.mark.integration
+def test_server_start_warns_when_prefect_api_url_wins_over_the_profile(
+    prefect_api: str, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PREFECT_API_URL": "http://127.0.0.1:9/api",
+        "PREFECT_PROFILES_PATH": str(tmp_path / "profiles.toml"),
+    }  # fmt: skip
+    result = subprocess.run(
+        [*MAT, "server", "start"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "was already running" in result.stdout  # the session's server, adopted
+    assert "PREFECT_API_URL=http://127.0.0.1:9/api is set here and wins over the profile" in result.stderr
+    assert 'PREFECT_API_URL = "' + prefect_api in (tmp_path / "profiles.toml").read_text()
+
+
+def imported_modules(*args: str) -> set[str]:
+    """The modules `mat ARGS` imports (python -X importtime), run from the repository root."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *MAT[1:], *args], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {
+        line.rsplit("|", 1)[-1].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+
+def test_status_never_loads_prefect_nor_the_experiment_loop(tmp_path: Path) -> None:
+    modules = imported_modules("status", "--output-dir", str(tmp_path))
+    assert not {m for m in modules if m == "prefect" or m.startswith("prefect.")}
+    assert "multiagenttrainer.experiments.loop" not in modules  # run.json is read, nothing is run

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import http.server
 import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -146,3 +149,45 @@ def test_server_lifecycle(mat_home: Path) -> None:
     assert server.server_status() is None
     assert server.discover_api_url() is None
     assert server.stop_server() is False
+
+
+def test_a_port_is_told_apart_by_the_process_listening_on_it(health_server: int) -> None:
+    """Another server answering on the chosen port (another MAT_HOME, another user) is not ours."""
+    listener = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert listener.stdout is not None
+        port = int(re.search(r"port (\d+)", listener.stdout.readline().decode()).group(1))  # type: ignore[union-attr]
+        assert server.listens_on(listener.pid, port)
+        assert not server.listens_on(listener.pid, health_server)  # served by this test process
+        assert server.listens_on(os.getpid(), health_server)
+    finally:
+        listener.kill()
+        listener.wait(timeout=10)
+
+
+def test_a_server_whose_port_answers_for_another_is_not_started(mat_home: Path, health_server: int) -> None:
+    sleeper = subprocess.Popen(
+        ["sleep", "30"], start_new_session=True
+    )  # stands in for a server still importing
+    try:
+        info = server.ServerInfo(sleeper.pid, health_server, server.api_url_for(health_server), "", "")
+        assert server.is_healthy(info.api_url)
+        assert not server._wait_until_healthy(info, 1.0, sleeper)  # healthy, but not on its own socket
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+
+
+def test_a_start_that_lost_its_port_is_tried_on_the_next_free_one(mat_home: Path) -> None:
+    tried: list[int] = []
+
+    def start(port: int) -> int:
+        tried.append(port)
+        if len(tried) < 3:
+            raise server.PortTaken(f"port {port} was taken by another server while this one started")
+        return port
+
+    assert server._on_a_free_port(start) == tried[-1] and len(tried) == 3

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,12 @@ from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ses.models import ses_backends
 
-from multiagenttrainer.config import NotificationsConfig, SesConfig
+from multiagenttrainer.config import NotificationsConfig, SesConfig, load_config
 from multiagenttrainer.errors import NotificationError
 from multiagenttrainer.notify import (
     SesNotifier,
     experiment_crash_alert,
+    failure_traceback,
     make_notifier,
     notify_safely,
     run_failure_alert,
@@ -29,7 +32,6 @@ REGION = "eu-west-1"
 SENDER = "mat@example.com"
 RECIPIENTS = ["ops@example.com", "lead@example.com"]
 SECRET = "moto-secret-key-not-for-messages"
-
 
 
 @pytest.fixture
@@ -138,3 +140,57 @@ def test_make_notifier_only_when_ses_is_configured(ses: Any) -> None:
     assert isinstance(notifier, SesNotifier)
     assert notify_safely(notifier, "multi\nline   subject", "body")
     assert ses.sent_messages[0].subject == "[mat-test] multi line subject"
+
+
+# ---------------------------------------------------------------- wording, subjects, traceback tails
+
+
+def test_a_crash_before_the_last_experiment_says_the_run_goes_on() -> None:
+    state = make_state(max_experiments=8)  # six experiments recorded, two to go
+    _, body = experiment_crash_alert(state, state.experiments[3])
+    assert "Experiments done: 6 of 8; the run goes on with the next one." in body
+
+
+def test_a_crash_in_the_last_experiment_says_the_run_ends_with_it() -> None:
+    state = make_state(max_experiments=6)
+    crashed = result(5, "crash", None, "break it at the end", 3.0, error=CRASH_ERROR)
+    state.experiments[5] = crashed
+    subject, body = experiment_crash_alert(state, crashed)
+    assert subject == "run nightly: experiment 5 crashed"
+    assert "Experiments done: 6 of 6; that was the run's last experiment; the run ends with it." in body
+    assert "goes on" not in body
+
+
+def test_a_crashed_run_says_crashed_and_a_failed_run_says_failed() -> None:
+    crashed_subject, crashed_body = run_failure_alert(
+        "nightly", "Execution was aborted by a termination signal.", crashed=True
+    )
+    failed_subject, failed_body = run_failure_alert("nightly", "ExperimentError: workspace is gone")
+    assert crashed_subject == "run nightly crashed" and crashed_body.startswith("Run nightly crashed.\n")
+    assert failed_subject == "run nightly failed" and failed_body.startswith("Run nightly failed.\n")
+
+
+def raise_through(outer: Callable[[Callable[[], None]], object], inner: Callable[[], None]) -> BaseException:
+    """The exception `inner` raises when it is called by code outside mat (`outer`)."""
+    try:
+        outer(inner)
+    except Exception as exc:
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def test_the_traceback_tail_keeps_mat_frames_and_drops_the_callers() -> None:
+    def load_missing_config() -> None:
+        load_config("/nonexistent/mat.yaml")
+
+    # A thread pool stands in for an orchestrator: its frames (concurrent/futures) are not mat's.
+    error = raise_through(lambda fn: ThreadPoolExecutor(1).submit(fn).result(), load_missing_config)
+    tail = failure_traceback(error, extra_roots=[Path(__file__).parent])
+    assert "multiagenttrainer/config/__init__.py" in tail and "in load_config" in tail
+    assert "test_notify.py" in tail and "in load_missing_config" in tail  # an extra root
+    assert "concurrent/futures" not in tail and "threading.py" not in tail
+    assert tail.rstrip().endswith(
+        "ConfigError: /nonexistent/mat.yaml: config file not found; copy "
+        "configs/config.example.yaml to multiagenttrainer.yaml or pass --config PATH"
+    )
+    assert "concurrent/futures" in "".join(traceback.format_exception(error))  # they were there

@@ -29,7 +29,6 @@ RECIPIENTS = ["ops@example.com", "lead@example.com"]
 SECRET = "moto-secret-not-for-mail"
 
 
-
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
     """moto's server on a free port of 127.0.0.1, shared by this module's tests."""
@@ -109,7 +108,10 @@ def test_a_failed_run_sends_an_email_from_the_flow_hook(prefect_api: str, ses: s
     body = message["body"]
     assert body.startswith(f"Run {name} failed.\n\nError: no corpus at {tmp_path / 'corpus'}")
     flow_link = prefect_api.removesuffix("/api") + "/runs/flow-run/"
-    assert f"Flow run: {flow_link}" in body and "CorpusError" in body.split("Log tail:", 1)[1]
+    tail = body.split("Log tail:", 1)[1]
+    assert f"Flow run: {flow_link}" in body and "CorpusError" in tail
+    assert "multiagenttrainer/training.py" in tail and "flows/train.py" in tail  # mat's frames
+    assert "site-packages/prefect/" not in tail and "flow_engine.py" not in tail  # not the engine's
     state = json.loads((only_run_dir(tmp_path / "runs") / "run.json").read_text())
     assert state["status"] == "failed" and "no corpus at" in state["error"]
 
@@ -121,3 +123,48 @@ def test_without_notifications_nothing_is_sent(prefect_api: str, ses: str, tmp_p
     with pytest.raises(CorpusError):
         run_train(config, name=name)
     assert messages_about(ses, name) == []
+
+
+def test_a_crashed_flow_run_sends_a_crashed_alert(ses: str, tmp_path: Path) -> None:
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.states import Crashed
+
+    from flows.train import alert_run_failure, train
+
+    name = f"killed-{uuid.uuid4().hex[:6]}"
+    config = write_config(tmp_path, None, notifications=notifications())
+    flow_run = FlowRun(flow_id=uuid.uuid4(), name=name, parameters={"config_path": str(config), "name": name})
+    alert_run_failure(train, flow_run, Crashed(message="Execution was aborted by a termination signal."))
+
+    (message,) = messages_about(ses, name)
+    assert message["subject"] == f"[mat-test] run {name} crashed"
+    assert message["body"].startswith(
+        f"Run {name} crashed.\n\nError: Execution was aborted by a termination signal."
+    )
+
+
+def test_ses_settings_kept_in_a_block_send_the_alerts(
+    prefect_api: str, ses: str, tiny_source: Path, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    from blocks.settings import SesAlertSettings, register_block_types
+
+    register_block_types()
+    SesAlertSettings(
+        from_email=SENDER, to_emails=RECIPIENTS, region=REGION, subject_prefix="[mat-block]"
+    ).save("default", overwrite=True)
+    name = f"blocked-{uuid.uuid4().hex[:6]}"
+    agent = f"{sys.executable} {AGENTS / 'break_train.py'}"
+    config = write_config(tmp_path, tiny_source, training={"max_experiments": 2, "agent_command": agent})
+    try:
+        summary = run_train(config, name=name)  # the config has no notifications: section
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_block_document(client.read_block_document_by_name("default", "mat-ses-alerts").id)
+
+    assert summary["status"] == "completed"
+    (message,) = messages_about(ses, name)
+    assert message["subject"] == f"[mat-block] run {name}: experiment 1 crashed"
+    assert message["destinations"]["ToAddresses"] == RECIPIENTS
+    assert "that was the run's last experiment" in message["body"]

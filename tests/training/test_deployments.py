@@ -45,8 +45,14 @@ def private_pool() -> Iterator[str]:
 
 def test_every_deployment_registers_and_nightly_runs_at_two_utc(prefect_api: str, private_pool: str) -> None:
     names = register_deployments(PROJECT_DIR, work_pool=private_pool)
-    flows = ["ingest", "train", "finetune", "request", "nightly"]
-    assert names == [f"{name}/{name}" for name in flows]
+    assert names == [
+        "ingest/ingest",
+        "train/train",
+        "experiments-on-machine/experiments-on-machine",
+        "finetune/finetune",
+        "request/request",
+        "nightly/nightly",
+    ]
 
     with get_client(sync_client=True) as client:
         nightly = client.read_deployment_by_name("nightly/nightly")

@@ -13,7 +13,7 @@ import pytest
 
 from multiagenttrainer.experiments.loop import RunInterrupted
 from multiagenttrainer.experiments.results import read_results
-from multiagenttrainer.render import experiment_line
+from multiagenttrainer.report import experiment_line
 from tests.experiments.helpers import ScheduleAgent, new_trivial_run, trivial_val_bpb
 from tests.report.conftest import CRASH_ERROR, make_state, mixed_experiments
 

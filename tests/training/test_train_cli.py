@@ -142,7 +142,10 @@ def test_mat_train_end_to_end(prefect_api: str, tiny_source: Path, tmp_path: Pat
 
     flow_run = flow_run_id(state)
     names = {task_run.name for task_run in task_runs_of(flow_run, 5)}
-    assert {"experiment-0", "experiment-1", "experiment-2"} <= names
+    experiments = sorted(n for n in names if n.startswith("experiment-"))
+    assert experiments == [
+        f"experiment-{e['experiment_id']}: {e['description']}" for e in state["experiments"]
+    ]  # renamed after the change each one tried
     assert any(n.startswith("setup-run") for n in names) and any(n.startswith("write-report") for n in names)
     with get_client(sync_client=True) as client:
         assert client.read_flow_run(UUID(flow_run)).state_name == "Completed"

@@ -176,7 +176,8 @@ def first_moves(workspace: Path, fixed_steps: int | None, budget_s: int) -> list
     train_py.write_text(baseline_source)
     baseline = rows[0]["val_bpb"]
     for row in rows:
-        row["gain"] = baseline - row["val_bpb"] if baseline is not None and row["val_bpb"] is not None else None
+        known = baseline is not None and row["val_bpb"] is not None
+        row["gain"] = baseline - row["val_bpb"] if known else None
     return sorted(rows[1:], key=lambda r: -(r["gain"] if r["gain"] is not None else -9.0))
 
 

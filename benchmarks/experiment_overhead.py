@@ -9,8 +9,11 @@ agent's edit and the training subprocess are what they time); everything else is
 
     per experiment wall = time between consecutive on_result calls (the first from run_experiments' start)
     overhead            = wall - agent time - training run time
-                        = git (reset, revert check, commit), sync, log read + summary parse, decide,
-                          results.tsv append (fsync), run.json writes (fsync) at each phase, hooks
+                        = git (reset, revert check, commit), the guard (mat's git config back,
+                          every file compared with the commit by content, the evaluator's files
+                          checked and fingerprinted before and after training), sync, log read +
+                          summary parse, decide, results.tsv append (fsync), run.json writes (fsync)
+                          at each phase, hooks
 
 It prints the median, p90 and max overhead per experiment in ms and the total, against a target of
 1 s per experiment. The last line of stdout is a JSON summary (also written to --json FILE).
@@ -113,6 +116,7 @@ def measure(workdir: Path, experiments: int, rep: int) -> list[float]:
     workspace = runner.setup_workspace(write_corpus(workdir / "corpus"))
     (workspace.path / "train.py").write_text(TRIVIAL_TRAIN_PY)
     workspace.baseline_commit = gitops.commit_paths(workspace.path, "trivial train.py", ["train.py"])
+    workspace.evaluation = "summary"  # it saves no checkpoint; the scoring process is not mat's bookkeeping
     started = time.perf_counter()
     results: list[ExperimentResult] = asyncio.run(runner.run_experiments(workspace))
     assert len(results) == experiments and all(r.status != "crash" for r in results), results

@@ -48,4 +48,3 @@ def quiet_console_logging() -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _DropPrefectRecords) for f in handler.filters):
             handler.addFilter(_DropPrefectRecords())
-

@@ -32,6 +32,11 @@ class ExperimentResult:
     summary: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Every change mat undid during the experiment: {"path", "change" (modified/added/deleted), "by" (the
+    # agent, or the training run)}; report.md lists them.
+    reverted: list[dict[str, str]] = field(default_factory=list)
+    evaluator_hash: str = ""  # sha256 over the evaluator's files as training saw them (workspace/evaluator)
+    evaluation: dict[str, Any] = field(default_factory=dict)  # the independent evaluation, when there was one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

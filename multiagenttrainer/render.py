@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,7 +23,13 @@ from rich.table import Table
 from multiagenttrainer.experiments.run_state import RunState
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.progress import CORPUS_STARTED_LINE, corpus_finished_line, source_line, source_outcome
-from multiagenttrainer.report import corpus_line, experiment_line, run_started_line
+from multiagenttrainer.report import (
+    corpus_line,
+    experiment_line,
+    run_started_line,
+    setup_fact_lines,
+    setup_warning,
+)
 
 
 def human_bytes(n: float) -> str:
@@ -167,6 +174,18 @@ class TrainReporter:
     def run_started(self, run_dir: Path, state: RunState) -> None:
         self.run_id, self.run_dir = state.run_id, run_dir
         self._say(run_started_line(run_dir, state))
+        if not state.done:
+            for fact in setup_fact_lines(state.workspace):
+                self._say(f"  {escape(fact)}")
 
     def experiment_finished(self, result: ExperimentResult, state: RunState) -> None:
         self._say(experiment_line(result, state))
+        if result.experiment_id != 0:
+            return
+        facts = setup_fact_lines(state.workspace, detail=False)
+        repeats = next((fact for fact in facts if fact.startswith("the corpus repeats")), None)
+        if repeats:
+            self._say(f"  {escape(repeats)}")
+        warning = setup_warning(state.workspace)
+        if warning:
+            self._say(f"warning: {escape(warning)}")

@@ -8,6 +8,7 @@ global state), so reports can be written from worker threads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -226,6 +227,7 @@ def escape_cell(text: str) -> str:
 def render_report_markdown(state: RunState) -> str:
     """The whole report.md for a run."""
     lines = [f"# Training run {state.name} ({state.run_id})", "", *_summary_lines(state), ""]
+    lines += _setup_lines(state)
     if state.machines:
         lines += ["## Machines", "", *machine_lines(state), ""]
     lines += ["## Experiments", "", *_table_lines(state), ""]
@@ -235,8 +237,81 @@ def render_report_markdown(state: RunState) -> str:
             "delta beat the best so far); the baseline has nothing to compare with.",
             "",
         ]
+    lines += _reverted_lines(state)
     lines += [f"![val_bpb per experiment]({PLOT_FILE})", ""]
     return "\n".join(lines)
+
+
+WHO = {"agent": "by the agent", "training": "by the training run"}
+
+
+def _reverted_lines(state: RunState) -> list[str]:
+    """Every change mat undid, by experiment and by file (empty when there was none)."""
+    entries = []
+    for result in sorted(state.experiments, key=lambda e: e.experiment_id):
+        by_who: dict[str, list[str]] = {}
+        for item in result.reverted:
+            change = f"{item.get('path', '?')} ({item.get('change', 'changed')})"
+            by_who.setdefault(item.get("by", "agent"), []).append(change)
+        for who, changes in by_who.items():
+            files = escape_cell(", ".join(dict.fromkeys(changes)))
+            entries.append(f"- Experiment {result.experiment_id}, {WHO.get(who, who)}: {files}")
+    if not entries:
+        return []
+    intro = (
+        "Only train.py may change. mat put back everything else that changed, from the experiment's "
+        "base commit or its own record of the evaluator, before anything ran again:"
+    )
+    return ["## Changes mat reverted", "", intro, "", *entries, ""]
+
+
+def _fact(facts: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    """facts[key] when it has the expected type (run.json may have been edited), else None."""
+    value = facts.get(key)
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def setup_fact_lines(workspace: Mapping[str, Any], detail: bool = True) -> list[str]:
+    """What set-up found, as plain sentences: report.md's Set-up section and `mat train`'s first lines
+    (without `detail`: not how the repeat count was estimated)."""
+    facts = workspace.get("facts")
+    if not isinstance(facts, Mapping):
+        return []
+    lines = []
+    if _fact(facts, "repo", str):
+        commit = (_fact(facts, "commit", str) or "?")[:12]
+        lines.append(f"autoresearch: {facts['repo']} branch {_fact(facts, 'branch', str)}, commit {commit}")
+    if _fact(facts, "train_shards", int) is not None:
+        lines.append(
+            f"data: {facts['train_shards']} train shards ({_fact(facts, 'train_rows', int)} rows), "
+            f"val shard {_fact(facts, 'val_rows', int)} rows"
+        )
+    if _fact(facts, "train_tokens", int):
+        val = _fact(facts, "val_tokens", int) or 0
+        lines.append(f"tokens: {facts['train_tokens']:,} to train on, {val:,} to validate on")
+    if _fact(facts, "recut_documents", int):
+        lines.append(f"{facts['recut_documents']} documents were cut finer to fit MAX_SEQ_LEN tokens a row")
+    if _fact(facts, "corpus_repeats", (float, int)) is not None:
+        how = f" ({_fact(facts, 'corpus_repeats_how', str) or 'estimate'})" if detail else ""
+        lines.append(f"the corpus repeats {facts['corpus_repeats']} times within one training budget{how}")
+    lines += [note for note in (_fact(facts, "notes", list) or []) if isinstance(note, str)]
+    return lines
+
+
+def setup_warning(workspace: Mapping[str, Any]) -> str | None:
+    """The set-up's warning (a corpus that repeats many times in one budget), if any."""
+    facts = workspace.get("facts")
+    return _fact(facts, "warning", str) if isinstance(facts, Mapping) else None
+
+
+def _setup_lines(state: RunState) -> list[str]:
+    facts = setup_fact_lines(state.workspace)
+    warning = setup_warning(state.workspace)
+    if not facts and not warning:
+        return []
+    lines = ["## Set-up", ""]
+    lines += [f"- **Warning:** {escape_cell(warning)}"] if warning else []
+    return [*lines, *(f"- {escape_cell(fact)}" for fact in facts), ""]
 
 
 def _summary_lines(state: RunState) -> list[str]:
@@ -251,6 +326,7 @@ def _summary_lines(state: RunState) -> list[str]:
         f"- Improvement over baseline: {_improvement_text(state)}",
         f"- Duration: {_durations_text(state)}",
         f"- Workspace branch: {_branch_text(state)}",
+        f"- Scoring: {_scoring_text(state)}",
     ]
     if len(machines_used(state)) > 1:
         lines.append(f"- Machines: {', '.join(machines_used(state))}")
@@ -287,6 +363,18 @@ def _durations_text(state: RunState) -> str:
     total = sum(e.duration_s for e in state.experiments)
     mean = total / len(state.experiments)
     return f"total {format_duration(total)}, mean {format_duration(mean)} per experiment"
+
+
+SCORING = {
+    "independent": "independent: mat re-scores the checkpoint train.py saves, apart from training",
+    "summary": "the val_bpb train.py prints (autoresearch's contract)",
+}
+
+
+def _scoring_text(state: RunState) -> str:
+    text = SCORING.get(str(state.workspace.get("evaluation", "")), "unknown")
+    digest = str(state.evaluator.get("hash", ""))
+    return f"{text}; evaluator sha256 `{digest[:12]}`" if digest else text
 
 
 def _branch_text(state: RunState) -> str:

@@ -9,7 +9,8 @@ what to do now: harness mode = one change to train.py, nothing else;
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from multiagenttrainer.errors import ConfigError
@@ -18,6 +19,7 @@ from multiagenttrainer.history import ExperimentResult
 DESCRIPTION_FILE = ".mat-description"  # the agent's one-line description of its change (git-ignored)
 MAX_TABLE_ROWS = 40  # beyond this, older discarded and crashed rows are summarised in one line
 MAX_DESCRIPTION_CHARS = 80
+DEFAULT_TRAIN_COMMAND = ("python", "train.py")  # only when the caller does not say how training runs
 
 
 def best_result(history: list[ExperimentResult]) -> ExperimentResult | None:
@@ -64,12 +66,18 @@ def results_section(history: list[ExperimentResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def harness_instructions(experiment_id: int, best: float | None) -> str:
+def run_line(train_command: Sequence[str]) -> str:
+    """The exact shell line that trains: mat's training command with its output sent to run.log."""
+    return f"{shlex.join(train_command)} > run.log 2>&1"
+
+
+def harness_instructions(experiment_id: int, best: float | None, train_command: Sequence[str]) -> str:
     """Harness mode: one edit to train.py; mat commits, trains and records."""
     return (
         f"## Your task: experiment {experiment_id}\n\n"
         "- Make exactly one change to `train.py` (one idea) that you expect to lower val_bpb.\n"
-        "- Do not run training or any experiment: mat runs it after you stop.\n"
+        "- Do not run training or any experiment: after you stop, mat runs "
+        f"`{shlex.join(train_command)}` in this directory.\n"
         "- Do not touch any other file (prepare.py, program.md, data/) and do not commit: "
         "mat reverts other edits and commits train.py itself.\n"
         f"- Write a one-line description of your change to the file `{DESCRIPTION_FILE}` in this "
@@ -77,7 +85,7 @@ def harness_instructions(experiment_id: int, best: float | None) -> str:
     )
 
 
-def agent_instructions(experiment_id: int, best: float | None) -> str:
+def agent_instructions(experiment_id: int, best: float | None, train_command: Sequence[str]) -> str:
     """Agent mode: run one whole experiment as program.md describes, then stop."""
     target = f" (the best so far is {best:.6f})" if best is not None else ""
     if experiment_id == 0:
@@ -88,7 +96,8 @@ def agent_instructions(experiment_id: int, best: float | None) -> str:
         f"## Your task: experiment {experiment_id}\n\n"
         "Run exactly one experiment following program.md, then stop:\n"
         f"{change}"
-        "- Run `python train.py > run.log 2>&1` and read the result from run.log.\n"
+        f"- Run `{run_line(train_command)}` in this directory (exactly this command: it is the one mat "
+        "runs) and read the result from run.log.\n"
         "- Append exactly one row to `results.tsv`.\n"
         f"- Keep the commit if val_bpb improved{target}; otherwise reset to the best commit.\n"
         f"- Write the row's description also to the file `{DESCRIPTION_FILE}` (ignored by git).\n"
@@ -96,7 +105,7 @@ def agent_instructions(experiment_id: int, best: float | None) -> str:
     )
 
 
-MODE_INSTRUCTIONS: dict[str, Callable[[int, float | None], str]] = {
+MODE_INSTRUCTIONS: dict[str, Callable[[int, float | None, Sequence[str]], str]] = {
     "harness": harness_instructions,
     "agent": agent_instructions,
 }
@@ -110,10 +119,19 @@ def read_program(workspace: Path) -> str:
         return "# Experiment protocol\n\nChange `train.py` so that val_bpb (printed by a run) goes down."
 
 
-def build_prompt(workspace: Path, experiment_id: int, history: list[ExperimentResult], mode: str) -> str:
-    """program.md, the results so far and the instructions for this experiment, as one text."""
+def build_prompt(
+    workspace: Path,
+    experiment_id: int,
+    history: list[ExperimentResult],
+    mode: str,
+    train_command: Sequence[str] = DEFAULT_TRAIN_COMMAND,
+) -> str:
+    """program.md, the results so far and the instructions for this experiment, as one text.
+
+    `train_command` is the command mat trains with in this workspace; the prompt names it exactly.
+    """
     if mode not in MODE_INSTRUCTIONS:
         raise ConfigError(f"training.mode: {mode!r} is not one of {sorted(MODE_INSTRUCTIONS)}")
     best = best_result(history)
-    instructions = MODE_INSTRUCTIONS[mode](experiment_id, best.val_bpb if best else None)
+    instructions = MODE_INSTRUCTIONS[mode](experiment_id, best.val_bpb if best else None, train_command)
     return f"{read_program(workspace)}\n\n---\n\n{results_section(history)}\n{instructions}"

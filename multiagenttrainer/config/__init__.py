@@ -286,6 +286,11 @@ class AutoresearchConfig(Model):
         description="Built-in template only: train exactly this many steps instead of train_time seconds, so "
         "results do not depend on the machine's speed or load (train_time then only bounds a run's length)",
     )
+    verify: bool = Field(
+        False,
+        description="Real autoresearch only: re-score train.py's checkpoint apart from training (train.py "
+        "must define build_model() and save checkpoint.pt; see the README's protections)",
+    )
 
     @model_validator(mode="after")
     def _fixed_steps_need_the_template(self) -> AutoresearchConfig:

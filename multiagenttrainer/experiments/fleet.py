@@ -134,7 +134,8 @@ class SharedBest:
         """Push a kept commit into the hub and check it out there (called under the record lock, before
         the row is written: a recorded keep is always the best so far)."""
         hub, ref = str(self.hub.path), f"{KEPT_REFS}/{result.commit}"
-        gitops.run_git(loop.workspace.path, "push", "-q", "--no-verify", hub, f"{result.commit}:{ref}")
+        push = ("push", "-q", "--no-verify", hub, f"{result.commit}:{ref}")
+        gitops.transfer(loop.workspace.path, self.hub.path, loop.guard.evaluator.git_copy, *push)
         gitops.reset_hard(self.hub.path, result.commit, self.hub.branch)
 
     def base_for(self, loop: Loop) -> str:
@@ -142,7 +143,8 @@ class SharedBest:
         commit = best_commit(loop)
         workspace, hub = loop.workspace.path, str(self.hub.path)
         if gitops.resolve_commit(workspace, commit) is None:
-            gitops.run_git(workspace, "fetch", "-q", "--no-tags", hub, f"{KEPT_REFS}/{commit}")
+            fetch = ("fetch", "-q", "--no-tags", hub, f"{KEPT_REFS}/{commit}")
+            gitops.transfer(workspace, self.hub.path, loop.guard.evaluator.git_copy, *fetch)
             if gitops.resolve_commit(workspace, commit) is None:
                 raise ExperimentError(f"commit {commit[:7]} could not be fetched from the run's hub {hub}")
         return commit

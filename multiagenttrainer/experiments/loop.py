@@ -1,24 +1,35 @@
-"""The experiment loop: agent -> commit -> train -> parse -> keep or reset -> results.tsv -> run.json.
+"""The experiment loop: agent -> commit -> train -> score -> keep or reset -> results.tsv -> run.json.
 
 Experiment 0 is the unmodified baseline, trained without an agent. After it, each experiment is one of:
 
-harness mode (default)   the agent edits train.py; mat reverts any other edit, commits train.py, runs
-                         training through the executor under a timeout of 2 x train_time + margin,
-                         parses the summary block and keeps the commit or resets to the best one.
+harness mode (default)   the agent edits train.py; mat reverts any other edit, commits train.py, restores
+                         the evaluator, runs training through the executor under a timeout of
+                         2 x train_time + margin, checks the evaluator is untouched, scores the run and
+                         keeps the commit or resets to the best one.
 agent mode               the agent runs the whole experiment itself as program.md says (commit, train,
                          append a row to results.tsv, keep or reset); mat then reverts edits outside
                          train.py, adopts the rows the agent appended (re-deciding keep/discard with
-                         its own rule), copies run.log, and leaves the branch at the best commit.
+                         its own rule), copies run.log, and leaves the branch at the best commit
+                         (agent_mode.py).
 
-A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing) is recorded as
-`crash` with the reason and the log tail, and the loop goes on. The order of the last steps makes a
-kill at any point recoverable: git is settled first, then the row is appended to results.tsv (the
-commit point that `--resume` trusts), then run.json is rewritten.
+Scoring: with independent evaluation (the built-in template; autoresearch with `verify`), the val_bpb
+recorded is mat's own score of the checkpoint train.py saved, computed apart from training
+(workspace/scoring.py); what train.py printed must agree with it. Otherwise it is train.py's summary.
+Everything mat does not trust (the agent, the training run) is followed by the Guard (guard.py): mat's
+git config back first, then every other change undone by content and listed on the result.
+
+A crash (non-zero exit, timeout, no finite val_bpb, an agent that changed nothing, an evaluator changed
+by training, a score that does not reproduce) is recorded as `crash` with the reason and the log tail,
+and the loop goes on, except for a baseline that shows the machine cannot run train.py at all (a missing
+package, no CUDA GPU): that stops the run with the reason and the fix. The order of the last steps makes
+a kill at any point recoverable: git is settled first, then the row is appended to results.tsv (the commit
+point that `--resume` trusts), then run.json is rewritten.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,23 +38,29 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from multiagenttrainer.agents.base import Agent, AgentOutcome, AgentRequest
-from multiagenttrainer.atomic import write_bytes_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import TrainingConfig
-from multiagenttrainer.errors import ExperimentError
+from multiagenttrainer.errors import ExperimentError, MatError
 from multiagenttrainer.execution.base import Executor, RunOutcome
+from multiagenttrainer.execution.local import LocalExecutor
 from multiagenttrainer.experiments.decide import decide
+from multiagenttrainer.experiments.guard import Guard, Undone
 from multiagenttrainer.experiments.results import (
     RESULTS_FILE,
-    ResultRow,
     append_result,
-    link_results,
-    parse_rows,
-    read_results,
 )
 from multiagenttrainer.experiments.run_state import CurrentExperiment, Phase, RunLock, RunState
 from multiagenttrainer.history import ExperimentResult, Status
 from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.evaluator import Evaluator, load_evaluator, workspace_imports
+from multiagenttrainer.workspace.scoring import (
+    CHECKPOINT_FILE,
+    PREPARE_FILE,
+    Verdict,
+    prepare_scoring,
+    read_result,
+    verdict,
+)
 from multiagenttrainer.workspace.setup import Workspace
 from multiagenttrainer.workspace.summary import parse_run_summary
 
@@ -97,6 +114,8 @@ class Loop:
     sharing: Sharing | None = None
     last_outcome: RunOutcome | None = None  # how the last training run on this machine ended
     proposal_hooks: Sequence[ProposalHook] = ()
+    evaluator: Evaluator | None = None  # loaded from the run directory when not given
+    scoring_executor: Executor | None = None  # made on first use (see `scorer`)
 
     def __post_init__(self) -> None:
         if self.save_lock is None:
@@ -111,6 +130,22 @@ class Loop:
     @property
     def machine(self) -> str:
         return self.executor.name
+
+    @property
+    def scorer(self) -> Executor:
+        """Where the independent evaluation runs: on this machine, which holds the held-out data and mat's
+        copies (they never go to the target); the loop's own executor when that is local."""
+        if self.scoring_executor is None:
+            local = isinstance(self.executor, LocalExecutor)
+            self.scoring_executor = self.executor if local else LocalExecutor(machine_name="scoring")
+        return self.scoring_executor
+
+    @property
+    def guard(self) -> Guard:
+        if self.evaluator is None:
+            self.evaluator = load_evaluator(self.run_dir)
+        self.evaluator = self.evaluator.for_workspace(self.workspace.path)  # a machine's own work tree
+        return Guard(self.workspace, self.evaluator)
 
     @property
     def results_path(self) -> Path:
@@ -128,6 +163,13 @@ class Attempt:
     commit: str = ""
     description: str = BASELINE_DESCRIPTION
     notes: list[str] = field(default_factory=list)
+    reverted: list[dict[str, str]] = field(default_factory=list)  # every change undone, and by whom
+    evaluator_hash: str = ""
+
+    def undone(self, items: list[Undone], by: str) -> list[str]:
+        """Record changes mat undid (`by` the agent or the training run); return their paths."""
+        self.reverted += [{"path": item.path, "change": item.change, "by": by} for item in items]
+        return [item.path for item in items]
 
 
 # ---------------------------------------------------------------- small helpers
@@ -196,10 +238,12 @@ def set_phase(loop: Loop, attempt: Attempt, phase: Phase) -> None:
         save_state(loop)
 
 
-def clean_to(loop: Loop, commit: str) -> None:
-    """Put the branch on `commit` with a clean work tree (ignored files stay)."""
-    gitops.reset_hard(loop.workspace.path, commit, loop.workspace.branch)
-    gitops.revert_except(loop.workspace.path, keep=())
+def clean_to(loop: Loop, commit: str) -> list[Undone]:
+    """Put the branch on `commit`, the work tree and the evaluator as recorded; return what differed."""
+    undone = loop.guard.clean(commit)
+    for item in undone:
+        log.info("run %s: reverted %s (%s) at %s", loop.state.run_id, item.path, item.change, commit[:7])
+    return undone
 
 
 def make_result(
@@ -218,6 +262,8 @@ def make_result(
         finished_at=now_iso(),
         error=error,
         notes=list(attempt.notes),
+        reverted=list(attempt.reverted),
+        evaluator_hash=attempt.evaluator_hash,
         **extra,
     )
 
@@ -265,7 +311,7 @@ def build_request(loop: Loop, experiment_id: int, mode: str, timeout_s: float) -
     from multiagenttrainer.agents.prompt import build_prompt
 
     history = list(loop.state.experiments)
-    prompt = build_prompt(loop.workspace.path, experiment_id, history, mode)
+    prompt = build_prompt(loop.workspace.path, experiment_id, history, mode, loop.workspace.train_command)
     return AgentRequest(
         workspace=loop.workspace.path,
         experiment_id=experiment_id,
@@ -293,23 +339,26 @@ def call_agent(loop: Loop, attempt: Attempt, mode: str, timeout_s: float) -> Age
 
 
 def revert_other_edits(loop: Loop, attempt: Attempt) -> None:
-    """Undo edits outside train.py (committed ones too) and note them in the notes and the description."""
+    """Undo edits outside train.py (committed ones, ignored files and the evaluator's data too) and note
+    them in the notes and the description. mat's git config goes back first, before git reads it."""
     workspace, branch = loop.workspace.path, loop.workspace.branch
+    guard = loop.guard
+    reverted = attempt.undone(guard.secure_git(), "agent")
     if gitops.current_branch(workspace) != branch:
         gitops.attach_head(workspace, branch)  # the agent switched branches: come back, keeping its edits
     if gitops.head_sha(workspace) != attempt.base:
         gitops.reset_soft(workspace, attempt.base)  # the agent committed: judge its changes as edits
-    reverted = gitops.revert_except(workspace)
+    reverted += attempt.undone(guard.revert(attempt.base, keep=(gitops.TRAIN_FILE,)), "agent")
     if reverted:
         attempt.notes.append(f"reverted edits to {name_paths(reverted)}")
         attempt.description += f" (reverted edits to {name_paths(reverted)})"
 
 
 def agent_failure(loop: Loop, attempt: Attempt, outcome: AgentOutcome) -> str | None:
-    """Why the agent's turn produced nothing to train, or None when train.py changed."""
+    """Why the agent's turn produced nothing to train, or None when train.py changed (by content)."""
     if outcome.timed_out:
         return f"agent timed out after {loop.training.agent_timeout} s"
-    if not gitops.train_py_changed(loop.workspace.path):
+    if not gitops.train_py_changed(loop.workspace.path, attempt.base):
         return "agent made no change to train.py"
     return None
 
@@ -345,18 +394,47 @@ def propose_change(loop: Loop, attempt: Attempt) -> ExperimentResult | None:
     )
 
 
-def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str]:
-    """Run training on the executor; return how it ended and the log text."""
+def train(loop: Loop, attempt: Attempt) -> tuple[RunOutcome, str, list[str]]:
+    """Run training on the executor with the evaluator restored; return how it ended, the log text and
+    the evaluator paths the run changed (which make it a crash)."""
     set_phase(loop, attempt, "training")
     workspace = loop.workspace
     log_path = loop.run_dir / log_name(attempt.experiment_id)
+    restored, attempt.evaluator_hash = loop.guard.before_training()
+    if restored:
+        attempt.notes.append(f"restored {name_paths(attempt.undone(restored, 'agent'))} before training")
     loop.executor.sync(workspace.path, [gitops.TRAIN_FILE])
     outcome = loop.executor.run(
         workspace.path, workspace.train_command, training_timeout_s(loop), log_path, workspace.env
     )
     loop.last_outcome = outcome
     check_stop(loop)
-    return outcome, read_log(log_path)
+    refused = fetch_outputs(loop, outcome)
+    undone, tampered = loop.guard.after_training(attempt.commit, attempt.evaluator_hash)
+    tampered = sorted({*tampered, *refused})
+    if undone:
+        attempt.notes.append(f"training changed {name_paths(attempt.undone(undone, 'training'))} (reverted)")
+    return outcome, read_log(log_path), tampered
+
+
+def fetch_outputs(loop: Loop, outcome: RunOutcome) -> list[str]:
+    """From a remote target, after a run that ended well, copy back what the guard and the scorer read: the
+    checkpoint, prepare.py and the workspace modules train.py imports (the data stays there: the next sync
+    puts it right, and the held-out score does not depend on it). Returns the paths the target refused to
+    copy (a link or an odd file where a file should be, which only the training run can have made)."""
+    if isinstance(loop.executor, LocalExecutor) or outcome.exit_code != 0 or outcome.error:
+        return []  # a crash either way; nothing is scored
+    workspace = loop.workspace.path
+    wanted = [CHECKPOINT_FILE, PREPARE_FILE]
+    wanted += [str(path.relative_to(workspace)) for path in workspace_imports(workspace)]
+    refused = []
+    for path in dict.fromkeys(wanted):
+        try:
+            loop.executor.fetch(workspace, [path])
+        except MatError as exc:
+            log.warning("run %s: %s", loop.state.run_id, exc)
+            refused.append(path)
+    return refused
 
 
 def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, timeout_s: float) -> str | None:
@@ -372,20 +450,66 @@ def crash_reason(outcome: RunOutcome, summary: dict[str, int | float] | None, ti
     return None
 
 
-def judge(loop: Loop, attempt: Attempt, outcome: RunOutcome, log_text: str) -> ExperimentResult:
+def tampering_reason(tampered: list[str]) -> str | None:
+    """The crash reason for a training run that changed the evaluator, or None."""
+    if not tampered:
+        return None
+    return (
+        f"the training run changed the evaluator ({name_paths(tampered)}); mat put it back, but this run "
+        "was not scored by the fixed evaluator"
+    )
+
+
+def judge(
+    loop: Loop, attempt: Attempt, outcome: RunOutcome, log_text: str, tampered: Sequence[str] = ()
+) -> ExperimentResult:
     """Turn a finished run into a result: crash, keep or discard."""
     summary = parse_run_summary(log_text)
-    reason = crash_reason(outcome, summary, training_timeout_s(loop))
+    reason = crash_reason(outcome, summary, training_timeout_s(loop)) or tampering_reason(list(tampered))
     extra: dict[str, Any] = {"training_s": round(outcome.duration_s, 3), "machine": loop.machine}
     extra["log_path"] = log_name(attempt.experiment_id)
+    if reason is None and summary is not None and loop.workspace.evaluation == "independent":
+        scored = score_independently(loop, attempt, float(summary["val_bpb"]))
+        reason, extra["evaluation"] = scored.reason, scored.evaluation
+        summary = {**summary, "val_bpb": scored.val_bpb} if scored.val_bpb is not None else summary
     if reason is not None:
-        error = f"{reason}\n{tail(log_text, loop.options.log_tail_lines)}".rstrip()
+        log_excerpt = tail(log_text, loop.options.log_tail_lines)
+        error = f"{reason}\n{log_excerpt}".rstrip()
         return make_result(attempt, "crash", None, error=error, summary=dict(summary or {}), **extra)
     assert summary is not None
     val_bpb = float(summary["val_bpb"])
     memory_gb = float(summary.get("peak_vram_mb", 0.0)) / 1024
     status = decide(val_bpb, best_val(loop))
     return make_result(attempt, status, val_bpb, summary=dict(summary), memory_gb=memory_gb, **extra)
+
+
+def scoring_timeout_s(loop: Loop) -> float:
+    """How long the independent evaluation may take (it re-runs only the evaluation, not training)."""
+    return max(120.0, float(loop.workspace.train_time_s)) + loop.options.timeout_margin_s
+
+
+def score_independently(loop: Loop, attempt: Attempt, printed: float) -> Verdict:
+    """Score the checkpoint of `attempt.commit` apart from training, on this machine (`Loop.scorer`)."""
+    workspace = loop.workspace
+    job = prepare_scoring(
+        loop.run_dir, workspace.path, workspace.kind, workspace.python, attempt.commit, loop.guard.evaluator
+    )
+    if job is None:
+        reason = (
+            "train.py saved no checkpoint (prepare.py's save_checkpoint writes checkpoint.pt), so its "
+            "val_bpb cannot be checked: mat scores the checkpoint, not the number train.py prints"
+        )
+        return Verdict(None, reason, {})
+    set_phase(loop, attempt, "scoring")
+    log_path = loop.run_dir / log_name(attempt.experiment_id, "score.log")
+    outcome = loop.scorer.run(job.directory, job.command, scoring_timeout_s(loop), log_path, workspace.env)
+    check_stop(loop)
+    result = read_result(job.result_path)
+    if result is None:
+        how = "timed out" if outcome.timed_out else f"exited with code {outcome.exit_code}"
+        log_excerpt = tail(read_log(log_path), loop.options.log_tail_lines)
+        return Verdict(None, f"the independent evaluation {how} without a result\n{log_excerpt}", {})
+    return verdict(workspace.kind, printed, result)
 
 
 def run_harness_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
@@ -396,142 +520,141 @@ def run_harness_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResul
         crashed = propose_change(loop, attempt)
         if crashed is not None:
             return [crashed]
-    outcome, log_text = train(loop, attempt)
+    outcome, log_text, tampered = train(loop, attempt)
     set_phase(loop, attempt, "recording")
-    result = judge(loop, attempt, outcome, log_text)
+    result = judge(loop, attempt, outcome, log_text, tampered)
     if result.status != "keep":
         clean_to(loop, attempt.base)
     return [result]
 
 
-# ---------------------------------------------------------------- agent mode
-
-
-def read_agent_results(loop: Loop, before: str) -> list[ResultRow]:
-    """Rows the agent appended to results.tsv; the file is then restored to `before` (mat appends them).
-
-    The agent may have rewritten the file, or replaced the workspace link with a file of its own; rows
-    that were not there before are taken in order either way.
-    """
-    link = loop.workspace.path / RESULTS_FILE
-    replaced = link.exists() and not link.is_symlink()
-    after = read_log(link if replaced else loop.results_path)
-    if after.startswith(before):
-        added = parse_rows(after[len(before) :])
-    else:
-        known = set(before.splitlines())
-        added = parse_rows("\n".join(line for line in after.splitlines() if line not in known))
-    if replaced:
-        gitops.delete_path(loop.workspace.path, RESULTS_FILE)
-    restore_text(loop.results_path, before)
-    link_results(loop.run_dir, loop.workspace.path)
-    return added
-
-
-def restore_text(path: Path, text: str) -> None:
-    """Rewrite a small file atomically (temp file + rename)."""
-    write_bytes_atomically(path, text.encode("utf-8"))
-
-
-def adopt_rows(loop: Loop, attempt: Attempt, rows: list[ResultRow], log_text: str) -> list[ExperimentResult]:
-    """ExperimentResults for the agent's rows, with keep/discard decided by mat's rule."""
-    results: list[ExperimentResult] = []
-    best = best_val(loop)
-    summary = parse_run_summary(log_text) or {}
-    for index, row in enumerate(rows):
-        last = index == len(rows) - 1
-        status = "crash" if row.status == "crash" else decide(row.val_bpb, best)
-        notes = list(attempt.notes)
-        if status != row.status:
-            notes.append(f"the agent recorded {row.status}; mat's rule says {status}")
-        if status == "keep":
-            best = row.val_bpb
-        step = Attempt(attempt.experiment_id + index, attempt.base, attempt.started_at, attempt.clock)
-        step.commit = gitops.resolve_commit(loop.workspace.path, row.commit) or row.commit
-        step.description, step.notes = row.description or "no description", notes
-        error = None
-        if status == "crash":
-            error = f"the agent recorded a crash\n{tail(log_text, loop.options.log_tail_lines)}"
-        extra: dict[str, Any] = {"machine": loop.machine, "memory_gb": row.memory_gb}
-        if last:
-            extra.update(log_path=log_name(attempt.experiment_id), summary=dict(summary))
-        results.append(
-            make_result(step, status, None if status == "crash" else row.val_bpb, error=error, **extra)
-        )
-    return results
-
-
-def keep_only_train_py(loop: Loop, attempt: Attempt, result: ExperimentResult) -> None:
-    """If a kept commit changed files besides train.py, rebuild it on the base with train.py alone."""
-    workspace = loop.workspace.path
-    changed = gitops.changed_between(workspace, attempt.base, result.commit)
-    others = [path for path in changed if path != gitops.TRAIN_FILE]
-    if not others:
-        return
-    message = gitops.commit_message(workspace, result.commit) or result.description
-    clean_to(loop, attempt.base)
-    gitops.run_git(workspace, "checkout", result.commit, "--", gitops.TRAIN_FILE)
-    result.commit = gitops.commit_paths(workspace, message, [gitops.TRAIN_FILE])
-    result.notes.append(f"reverted edits to {name_paths(others)}")
-    result.description += f" (reverted edits to {name_paths(others)})"
-
-
-def settle_agent_branch(loop: Loop, attempt: Attempt, results: list[ExperimentResult]) -> None:
-    """Leave the branch at the best commit: the last kept row's (train.py changes only) or the base."""
-    kept = [r for r in results if r.status == "keep"]
-    if kept and gitops.resolve_commit(loop.workspace.path, kept[-1].commit):
-        keep_only_train_py(loop, attempt, kept[-1])
-        clean_to(loop, kept[-1].commit)
-    else:
-        for result in kept:  # a kept row whose commit does not exist cannot be the best
-            result.status, result.val_bpb = "crash", None
-            result.error = f"commit {result.commit[:7]} of the agent's row does not exist"
-        clean_to(loop, attempt.base)
-
-
-def run_agent_experiment(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
-    """One experiment that the agent runs itself; mat checks and records what it did."""
-    workspace = loop.workspace.path
-    read_results(loop.results_path)  # repairs a torn line before the agent appends
-    before = read_log(loop.results_path)
-    (workspace / RUN_LOG).unlink(missing_ok=True)
-    timeout_s = loop.training.agent_timeout + training_timeout_s(loop)
-    outcome = call_agent(loop, attempt, "agent", timeout_s)
-    set_phase(loop, attempt, "recording")
-    rows = read_agent_results(loop, before)
-    run_log = read_log(workspace / RUN_LOG)
-    if run_log:
-        (loop.run_dir / log_name(attempt.experiment_id)).write_text(run_log, encoding="utf-8")
-    reverted = gitops.revert_except(workspace)
-    if reverted:
-        attempt.notes.append(f"reverted uncommitted edits to {name_paths(reverted)}")
-    if not rows:
-        reason = "agent left no row in results.tsv"
-        if outcome.timed_out:
-            reason = f"agent timed out after {timeout_s:.0f} s"
-        clean_to(loop, attempt.base)
-        logs = tail(run_log or outcome.log, loop.options.log_tail_lines)
-        return [make_result(attempt, "crash", None, error=f"{reason}\n{logs}".rstrip(), machine=loop.machine)]
-    results = adopt_rows(loop, attempt, rows, run_log)
-    settle_agent_branch(loop, attempt, results)
-    return results
-
-
 # ---------------------------------------------------------------- the loop
+
+
+def run_agent_mode(loop: Loop, attempt: Attempt) -> list[ExperimentResult]:
+    """Agent mode (experiments/agent_mode.py, which builds on this module)."""
+    from multiagenttrainer.experiments.agent_mode import run_agent_experiment
+
+    return run_agent_experiment(loop, attempt)
+
 
 MODES: dict[str, Callable[[Loop, Attempt], list[ExperimentResult]]] = {
     "harness": run_harness_experiment,
-    "agent": run_agent_experiment,
+    "agent": run_agent_mode,
 }
 
 
 def run_experiment(loop: Loop, experiment_id: int) -> list[ExperimentResult]:
-    """Run one experiment (the baseline always in harness mode) and record its result(s)."""
+    """Run one experiment (the baseline always in harness mode) and record its result(s).
+
+    A baseline that crashed because the machine cannot run train.py stops the run (BaselineUnusable).
+    """
     base = loop.sharing.base_for(loop) if loop.sharing is not None else best_commit(loop)
     attempt = Attempt(experiment_id, base)
     clean_to(loop, attempt.base)
     mode = "harness" if experiment_id == 0 else loop.training.mode
     results = MODES[mode](loop, attempt)
+    if experiment_id == 0 and results:
+        note_corpus_repeats(loop, results[0])
     for result in results:
         record(loop, result)
+    if experiment_id == 0 and results and results[0].status == "crash":
+        check_baseline_runs(loop, read_log(loop.run_dir / log_name(0)))
     return results
+
+
+# ---------------------------------------------------------------- how often the corpus repeats
+
+REPEATS_WARNING = 10.0  # more passes over the training data than this in one budget: mostly memorising
+
+
+def note_corpus_repeats(loop: Loop, baseline: ExperimentResult) -> None:
+    """Add to the workspace's facts (run.json) how many times the baseline went through the training data."""
+    facts = loop.workspace.facts
+    found = corpus_repeats(facts, baseline.summary or {})
+    if found is None:
+        return
+    facts.update(found)
+    loop.state.workspace = {**loop.state.workspace, "facts": dict(facts)}  # a machine's tree is not the run's
+
+
+def corpus_repeats(facts: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any] | None:
+    """{corpus_repeats, corpus_repeats_how[, warning]} from the baseline's summary, or None when unknown.
+
+    Tokens trained: the baseline's steps x the tokens one step trains on (train.py's constants), else the
+    summary's total_tokens_M; over the training tokens set-up counted.
+    """
+    train_tokens, per_step = facts.get("train_tokens"), facts.get("tokens_per_step")
+    steps, total_m = summary.get("num_steps"), summary.get("total_tokens_M")
+    if not isinstance(train_tokens, int) or train_tokens <= 0:
+        return None
+    if isinstance(steps, int | float) and steps > 0 and isinstance(per_step, int) and per_step > 0:
+        trained, how = int(steps) * per_step, f"{int(steps)} steps x {per_step:,} tokens per step"
+    elif isinstance(total_m, int | float) and total_m > 0:
+        trained, how = int(total_m * 1e6), f"total_tokens_M {total_m} in its summary"
+    else:
+        return None
+    repeats = trained / train_tokens
+    found: dict[str, Any] = {
+        "corpus_repeats": round(repeats, 2),
+        "corpus_repeats_how": f"the baseline trained {how} = {trained:,} tokens; the corpus has "
+        f"{train_tokens:,} training tokens",
+    }
+    if repeats > REPEATS_WARNING:
+        found["warning"] = (
+            f"the corpus repeats about {repeats:.0f} times within one training budget, so the model mostly "
+            "memorises it; add repositories to the corpus or shorten autoresearch.train_time"
+        )
+    return found
+
+
+# ---------------------------------------------------------------- a baseline the machine cannot run
+
+_MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '(?P<name>[^']+)'", re.MULTILINE)
+_NO_GPU = re.compile(
+    r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|No CUDA GPUs are available"
+    r"|CUDA is not available|CUDA driver version is insufficient|no CUDA-capable device"
+    r"|NVIDIA driver on your system is too old",
+    re.IGNORECASE,
+)
+
+
+class BaselineUnusable(ExperimentError):
+    """The baseline crashed for a reason no change to train.py can fix: every experiment would crash too."""
+
+
+def check_baseline_runs(loop: Loop, log_text: str) -> None:
+    """Raise BaselineUnusable when the baseline's log shows a missing package or a missing GPU."""
+    reason = missing_package_reason(loop, log_text) or missing_gpu_reason(loop, log_text)
+    if reason is not None:
+        raise BaselineUnusable(
+            f"the baseline crashed: {reason}; the run is stopped, since every experiment would crash "
+            f"the same way (see {loop.run_dir / 'logs' / log_name(0)}; fix it, then start a new run)"
+        )
+
+
+def missing_package_reason(loop: Loop, log_text: str) -> str | None:
+    """Why and how to fix a ModuleNotFoundError in the baseline's log, or None."""
+    found = _MISSING_MODULE.search(log_text)
+    if found is None:
+        return None
+    command = loop.workspace.train_command
+    where = f"the interpreter mat trains with ({command[0]}) cannot import {found['name']!r}"
+    if command[:2] == ["uv", "run"]:
+        return f"{where}; run `uv sync` in {loop.workspace.path} so uv installs the workspace's packages"
+    fix = f"install the packages the workspace's train.py needs into {command[0]}"
+    if loop.workspace.kind == "autoresearch":
+        fix += " (those in its pyproject.toml), or install uv so mat runs `uv run train.py`"
+    return f"{where}; {fix}"
+
+
+def missing_gpu_reason(loop: Loop, log_text: str) -> str | None:
+    """Why and how to fix a baseline that needs a CUDA GPU the training machine lacks, or None."""
+    found = _NO_GPU.search(log_text)
+    if found is None:
+        return None
+    return (
+        f"train.py needs a CUDA GPU and the machine that trains has none ({found.group(0)}); run on a "
+        "machine with an NVIDIA GPU and its driver (training.execution: an ssh or docker target), or use "
+        "a CPU fork of autoresearch (autoresearch.repo/branch)"
+    )

@@ -8,8 +8,12 @@ Run directory layout (`<training.output_dir>/<run_id>/`):
     results.tsv     autoresearch's table: commit, val_bpb, memory_gb, status, description
     report.md       the report, rewritten after every experiment
     progress.png    val_bpb per experiment with the running best
-    logs/           exp-000.log (training output), exp-000.agent.log (agent output), ...
+    logs/           exp-000.log (training output), exp-000.agent.log (agent output),
+                    exp-000.score.log (the independent evaluation), ...
     workspace/      the git work tree the agent edits; kept commits on its branch
+    evaluator/      the recorded evaluator: hashes and copies of the fixed files, mat's git config,
+                    the built-in's held-out split (workspace/evaluator.py)
+    scoring/        the last independent evaluation's inputs and result (workspace/scoring.py)
     workspace-<m>/  with `machines:`, machine m's work tree (workspace/ is then the hub of kept commits)
 """
 
@@ -34,7 +38,7 @@ from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
-Phase = Literal["setup", "agent", "training", "recording", "report"]
+Phase = Literal["setup", "agent", "training", "scoring", "recording", "report"]
 RUN_FILE = "run.json"
 LOCK_FILE = ".run.lock"
 
@@ -75,6 +79,7 @@ class RunState:
     updated_at: str
     config: dict[str, Any] = field(default_factory=dict)
     workspace: dict[str, Any] = field(default_factory=dict)  # how to run training in it (see workspace/setup)
+    evaluator: dict[str, Any] = field(default_factory=dict)  # its fingerprint and files (workspace/evaluator)
     experiments: list[ExperimentResult] = field(default_factory=list)
     current: list[CurrentExperiment] = field(default_factory=list)
     pid: int = 0

@@ -16,7 +16,9 @@ it; the flow passes a step that runs each experiment as a task):
 
 A run lives in `<output_dir>/<run_id>/` (layout in run_state.py). Resuming trusts results.tsv: its rows
 are the finished experiments, run.json is brought in line with them, and the workspace is reset to the
-best kept commit, so no finished experiment is lost or run twice.
+best kept commit, so no finished experiment is lost or run twice. Before any git command on resume, mat's
+git config is put back (a killed run may have left an agent's behind), and the evaluator's record is
+checked and restored (experiments/guard.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from multiagenttrainer.experiments.fleet import (
     run_machine,
     training_for,
 )
+from multiagenttrainer.experiments.guard import Guard
 from multiagenttrainer.experiments.loop import (
     Loop,
     LoopOptions,
@@ -82,6 +85,7 @@ from multiagenttrainer.experiments.run_state import (
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive, stop_orphaned_scopes, terminate_processes_in
 from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace.evaluator import load_evaluator
 from multiagenttrainer.workspace.setup import Workspace, clone_credentials, reopen_workspace, setup_workspace
 
 log = logging.getLogger(__name__)
@@ -174,21 +178,27 @@ def reconcile_experiments(state: RunState, rows: list[ResultRow], workspace: Pat
     return changes
 
 
-def reset_to_best(state: RunState, workspace: Workspace) -> str:
-    """Put the workspace branch on the best kept commit (the baseline commit if none), clean."""
+def reset_to_best(state: RunState, workspace: Workspace, guard: Guard) -> str:
+    """Put the workspace branch on the best kept commit (the baseline commit if none), clean, with the
+    evaluator as recorded."""
     best = state.best
     target = best.commit if best else workspace.baseline_commit
     if gitops.resolve_commit(workspace.path, target) is None:
         raise ExperimentError(
             f"commit {target[:7]} of run {state.run_id} is missing from {workspace.path}; it cannot resume"
         )
-    gitops.reset_hard(workspace.path, target, workspace.branch)
-    gitops.revert_except(workspace.path, keep=())
+    for undone in guard.clean(target):
+        log.info("resume %s: reverted %s (%s)", state.run_id, undone.path, undone.change)
     return target
 
 
 def reconcile_run(run_dir: Path, state: RunState, workspace: Workspace) -> None:
     """Bring a killed run back to a consistent state: results.tsv, run.json and the workspace agree."""
+    evaluator = load_evaluator(run_dir)
+    evaluator.check_copies()
+    guard = Guard(workspace, evaluator)
+    for undone in guard.secure_git():  # before any git command reads what the last agent left
+        log.info("resume %s: put back mat's %s", state.run_id, undone.path)
     table = run_dir / RESULTS_FILE
     try:
         rows = read_ledger(table)  # also cuts a torn last row
@@ -203,7 +213,7 @@ def reconcile_run(run_dir: Path, state: RunState, workspace: Workspace) -> None:
     if len(state.experiments) > len(rows):
         rewrite_results(table, list(state.experiments))
     link_results(run_dir, workspace.path)
-    target = reset_to_best(state, workspace)
+    target = reset_to_best(state, workspace, guard)
     state.current = []
     log.info("resume %s: %d experiments done, workspace at %s", state.run_id, state.done, target[:7])
 
@@ -397,6 +407,7 @@ class Runner:
             raise
         link_results(run_dir, workspace.path)
         self.state.workspace = workspace.to_dict()
+        self.state.evaluator = load_evaluator(run_dir).summary()
         self.state.current = []
         self.state.save(run_dir)
         return workspace
@@ -412,10 +423,21 @@ class Runner:
             from multiagenttrainer.execution.registry import make_executor
 
             self.executor = make_executor(self.training.execution)
+        evaluator = load_evaluator(run_dir)
+        evaluator.check_copies()
         return Loop(
-            run_dir, workspace, state, agent, self.executor, self.training, self.hooks, self.options, stop,
+            run_dir,
+            workspace,
+            state,
+            agent,
+            self.executor,
+            self.training,
+            self.hooks,
+            self.options,
+            stop,
+            evaluator=evaluator,
             proposal_hooks=self.proposal_hooks,
-        )  # fmt: skip
+        )
 
     def _mark_running(self, workspace: Workspace, max_experiments: int | None) -> tuple[Path, RunState]:
         run_dir, state = self._require_run()
@@ -534,6 +556,9 @@ class Runner:
         loop.stop.set()
         for executor, workspace in targets_of(loop):
             stop_processes(executor, workspace)
+        for machine_loop in loop.loops if isinstance(loop, Fleet) else [loop]:
+            if machine_loop.scoring_executor not in (None, machine_loop.executor):  # scoring here
+                machine_loop.scorer.stop(machine_loop.run_dir)
 
     def end(self, loop: Loop | Fleet, status: RunStatus, error: str | None = None) -> None:
         """Release the executors and record in run.json how the run ended."""

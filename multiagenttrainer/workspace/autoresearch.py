@@ -6,10 +6,14 @@ is left alone:
 
     autoresearch.repo @ branch --clone--> workspace/          (a normal work tree, depth 1, one branch)
     workspace/prepare.py: CACHE_DIR -> <run_dir>/cache/autoresearch, TIME_BUDGET -> autoresearch.train_time
-    workspace/program.md <- autoresearch.program_md           (when set)
+    workspace/prepare.py: download functions -> raise          (the data and tokenizer are fixed inputs)
+    workspace/program.md <- autoresearch.program_md, else mat's description of the workspace
+                            (paths, budget, the command mat runs: autoresearch_program.py)
     corpus.jsonl --chunk--> DATA_DIR/shard_00000.parquet ...  (train: every parquet but the val one)
                             DATA_DIR/shard_06542.parquet      (val: VAL_FILENAME, pinned)
     train_tokenizer() in the workspace --> TOKENIZER_DIR/tokenizer.pkl, token_bytes.pt
+    every row counted with that tokenizer --> the shards written again, documents with a row over
+                                              MAX_SEQ_LEN tokens cut finer (autoresearch_data.TokenPlan)
 
 Why the CACHE_DIR line is rewritten instead of HOME: the real line is
 `os.path.join(os.path.expanduser("~"), ".cache", "autoresearch")`, so every run on a machine would share
@@ -28,16 +32,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dulwich.repo import Repo
 
 from multiagenttrainer.config import AutoresearchConfig
-from multiagenttrainer.errors import ConfigError, ExperimentError
-from multiagenttrainer.processes import start_logged, stop_group
+from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
+from multiagenttrainer.processes import start_in_session, start_logged, stop_group
 from multiagenttrainer.sources.git import (
     GitCredentials,
     GitFetchError,
@@ -46,16 +52,38 @@ from multiagenttrainer.sources.git import (
     redact_url,
 )
 from multiagenttrainer.workspace.autoresearch_data import (
+    CHARS_PER_TOKEN,
+    MIN_RECUT_CHARS,
     SHARD_MAX_CHARS,
+    ShardStats,
+    TokenCounter,
+    TokenPlan,
     chunk_chars_for,
+    plan_token_budgets,
     write_corpus_shards,
 )
+from multiagenttrainer.workspace.autoresearch_program import WorkspaceFacts, render_program_md
 
 DEFAULT_MAX_SEQ_LEN = 2048  # autoresearch's value, used when prepare.py does not say
 DEFAULT_VAL_FILENAME = "shard_06542.parquet"
 CACHE_SUBDIR = Path("cache") / "autoresearch"
 TOKENIZER_FILES = ("tokenizer.pkl", "token_bytes.pt")
 TRAIN_TOKENIZER_CODE = "from prepare import train_tokenizer; train_tokenizer()"
+# argv: texts.jsonl (one JSON string a line), counts.txt (one token count a line, BOS not included)
+COUNT_TOKENS_CODE = """\
+import json, sys
+from prepare import Tokenizer
+tokenizer = Tokenizer.from_directory()
+with open(sys.argv[1], encoding="utf-8") as texts, open(sys.argv[2], "w", encoding="utf-8") as out:
+    batch = []
+    for line in texts:
+        batch.append(json.loads(line))
+        if len(batch) == 1024:
+            out.writelines(f"{len(ids)}\\n" for ids in tokenizer.encode(batch))
+            batch = []
+    if batch:
+        out.writelines(f"{len(ids)}\\n" for ids in tokenizer.encode(batch))
+"""
 TOKENIZER_TIMEOUT_S = 3600.0  # rustbpe over up to 1e9 characters takes minutes, not hours
 CLONE_TIMEOUT_S = 120.0
 LOG_TAIL_LINES = 40
@@ -86,7 +114,15 @@ class AutoresearchSetup:
     train_chars: int
     val_chars: int
     tokenizer_seconds: float
+    train_tokens: int = 0  # the train rows' tokens (one BOS each), counted with the trained tokenizer
+    val_tokens: int = 0
+    recut_documents: int = 0  # documents cut finer because a row had more than MAX_SEQ_LEN tokens
+    rows_over_limit: int = 0  # rows still over MAX_SEQ_LEN tokens (only at MIN_RECUT_CHARS)
+    tokens_per_step: int = (
+        0  # from train.py's TOTAL_BATCH_SIZE (or DEVICE_BATCH_SIZE x MAX_SEQ_LEN); 0: unknown
+    )
     changed_files: list[str] = field(default_factory=list)  # edited by set-up, not yet committed
+    python: list[str] = field(default_factory=list)  # how to run Python there (the scorer, snippets)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,6 +225,34 @@ def set_train_time(source: str, train_time_s: int, prepare_py: Path) -> str:
     """Make prepare.py's TIME_BUDGET `train_time_s` seconds."""
     code = f"{train_time_s}  # training time budget in seconds (set by mat from autoresearch.train_time)"
     return replace_assignment(source, "TIME_BUDGET", code, prepare_py, "TIME_BUDGET = 300")
+
+
+DOWNLOAD_DISABLED = (
+    "downloads are disabled in this workspace by mat: the data directory and the tokenizer are fixed "
+    "inputs made from your corpus (see program.md); do not run prepare.py"
+)
+
+
+def disable_downloads(source: str) -> tuple[str, list[str]]:
+    """(source, names): every top-level function whose name contains "download" made to raise at once.
+
+    autoresearch's `download_single_shard` and `download_data` fetch ClimbMix shards into DATA_DIR; in a
+    workspace mat prepared, running them would mix web text into the corpus. Each is replaced, decorators
+    and all, by `def <name>(*args, **kwargs): raise RuntimeError(...)`.
+    """
+    functions = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and "download" in node.name.lower()
+    ]
+    lines = source.splitlines(keepends=True)
+    newline = "\r\n" if lines and lines[0].endswith("\r\n") else "\n"
+    for node in sorted(functions, key=lambda n: n.lineno, reverse=True):
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
+        body = f"    raise RuntimeError({DOWNLOAD_DISABLED!r}){newline}"
+        stub = f"def {node.name}(*args, **kwargs):{newline}{body}"
+        lines[first : node.end_lineno or node.lineno] = [stub]
+    return "".join(lines), sorted(node.name for node in functions)
 
 
 # ---------------------------------------------------------------- cloning
@@ -317,6 +381,65 @@ def retrain_tokenizer(
     return time.monotonic() - started
 
 
+def run_snippet(command: list[str], workspace: Path, log_path: Path, timeout_s: float, what: str) -> None:
+    """Run a Python snippet in the workspace, output appended to `log_path`; ExperimentError if it fails."""
+    with log_path.open("ab") as log:
+        process = start_in_session(command, workspace, log)
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(process.pid, process, grace_s=0.0)
+            process.wait()
+            code = None
+    if code != 0:
+        problem = f"took over {timeout_s:.0f} s" if code is None else f"exited with code {code}"
+        raise ExperimentError(f"{what} in {workspace} {problem}; see {log_path}\n{log_tail(log_path)}")
+
+
+def token_counter(workspace: Path, python: list[str], log_path: Path, timeout_s: float) -> TokenCounter:
+    """Counts tokens with the workspace's own tokenizer (prepare.Tokenizer), in its interpreter."""
+
+    def count(texts: Path, counts: Path) -> None:
+        command = [*python, "-c", COUNT_TOKENS_CODE, str(texts), str(counts)]
+        run_snippet(command, workspace, log_path, timeout_s, "counting tokens with the trained tokenizer")
+
+    return count
+
+
+def cut_by_tokens(
+    workspace: Path,
+    python: list[str],
+    corpus_jsonl: Path,
+    layout: CacheLayout,
+    chunk_chars: int,
+    run_dir: Path,
+    timeout_s: float,
+) -> TokenPlan | None:
+    """The token plan for the corpus (autoresearch_data.plan_token_budgets), or None with a note."""
+    counter = token_counter(workspace, python, run_dir / "logs" / "prepare.log", timeout_s)
+    with tempfile.TemporaryDirectory(prefix="tokens-", dir=run_dir) as scratch:
+        try:
+            return plan_token_budgets(corpus_jsonl, chunk_chars, layout.max_seq_len, counter, Path(scratch))
+        except (ExperimentError, CorpusError, ValueError) as exc:
+            layout.notes.append(
+                f"rows were cut at {CHARS_PER_TOKEN} characters per token, not counted: {exc}".splitlines()[0]
+            )
+            return None
+
+
+def tokens_per_step(workspace: Path, max_seq_len: int) -> int:
+    """Tokens one optimizer step trains on, from train.py's constants; 0 when they are not readable."""
+    try:
+        constants = read_constants((workspace / "train.py").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, SyntaxError):
+        return 0
+    total = constants.get("TOTAL_BATCH_SIZE")
+    if isinstance(total, int) and total > 0:
+        return total
+    batch = constants.get("DEVICE_BATCH_SIZE")
+    return batch * max_seq_len if isinstance(batch, int) and batch > 0 else 0
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` lines of a log file (progress lines written with \\r count as lines)."""
     text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
@@ -335,6 +458,7 @@ class CacheLayout:
     data_dir: Path
     tokenizer_dir: Path
     notes: list[str]
+    disabled: list[str] = field(default_factory=list)  # prepare.py's download functions, now raising
 
 
 def prepare_autoresearch_workspace(
@@ -353,29 +477,27 @@ def prepare_autoresearch_workspace(
     commit = clone_into_empty(location, cfg.branch, workspace, credentials)
     cache_dir = (run_dir / CACHE_SUBDIR).resolve()
     layout = edit_prepare(workspace, cache_dir, cfg.train_time)
-    changed = ["prepare.py"]
-    if program_md is not None:
-        shutil.copyfile(program_md, workspace / "program.md")
-        changed.append("program.md")
-    chunk_chars = chunk_chars_for(layout.max_seq_len)
-    stats = write_corpus_shards(
-        corpus_jsonl, layout.data_dir, layout.val_filename, chunk_chars, shard_max_chars
-    )
-    notes = list(layout.notes)
-    if stats.val_carved_documents:
-        notes.append(
-            f"the corpus had no val split; {stats.val_carved_documents} documents were chosen by hash"
-        )
     interpreter = choose_interpreter(workspace)
-    notes.append(interpreter.note)
-    log_path = run_dir / "logs" / "prepare.log"
-    seconds = retrain_tokenizer(
-        workspace, interpreter.python, layout.tokenizer_dir, log_path, tokenizer_timeout_s
+    layout.notes.append(interpreter.note)
+    filled = fill_cache(
+        corpus_jsonl, workspace, run_dir, layout, interpreter.python, shard_max_chars, tokenizer_timeout_s
     )
+    facts = WorkspaceFacts(
+        redact_url(location),
+        cfg.branch,
+        commit,
+        layout.data_dir,
+        layout.val_filename,
+        filled.stats.train_shards,
+        layout.tokenizer_dir,
+        cfg.train_time,
+        interpreter.train,
+    )
+    write_program_md(workspace, program_md, facts)
     return AutoresearchSetup(
         train_command=interpreter.train,
         env={"PYTHONUNBUFFERED": "1"},
-        notes=notes,
+        notes=list(layout.notes),
         repo=redact_url(location),
         branch=cfg.branch,
         commit=commit,
@@ -383,11 +505,76 @@ def prepare_autoresearch_workspace(
         data_dir=str(layout.data_dir),
         tokenizer_dir=str(layout.tokenizer_dir),
         max_seq_len=layout.max_seq_len,
-        chunk_chars=chunk_chars,
-        tokenizer_seconds=round(seconds, 2),
-        changed_files=changed,
-        **asdict(stats),
+        chunk_chars=filled.chunk_chars,
+        tokenizer_seconds=round(filled.tokenizer_seconds, 2),
+        changed_files=["prepare.py", "program.md"],
+        recut_documents=len(filled.plan.budgets) if filled.plan else 0,
+        rows_over_limit=filled.plan.over_limit if filled.plan else 0,
+        tokens_per_step=tokens_per_step(workspace, layout.max_seq_len),
+        python=interpreter.python,
+        **asdict(filled.stats),
     )
+
+
+@dataclass(frozen=True)
+class FilledCache:
+    """What fill_cache wrote: the shards' counts, the token plan (None: not counted), the tokenizer's time."""
+
+    stats: ShardStats
+    plan: TokenPlan | None
+    chunk_chars: int
+    tokenizer_seconds: float
+
+
+def fill_cache(
+    corpus_jsonl: Path,
+    workspace: Path,
+    run_dir: Path,
+    layout: CacheLayout,
+    python: list[str],
+    shard_max_chars: int,
+    timeout_s: float,
+) -> FilledCache:
+    """Shards cut at CHARS_PER_TOKEN, the tokenizer trained on them, then the shards written again with
+    every row within MAX_SEQ_LEN tokens as that tokenizer counts them. Notes go to `layout.notes`."""
+    chunk_chars = chunk_chars_for(layout.max_seq_len)
+    write = partial(write_corpus_shards, corpus_jsonl, layout.data_dir, layout.val_filename, chunk_chars)
+    stats = write(shard_max_chars)
+    if stats.val_carved_documents:
+        layout.notes.append(
+            f"the corpus had no val split; {stats.val_carved_documents} documents were chosen by hash"
+        )
+    log_path = run_dir / "logs" / "prepare.log"
+    seconds = retrain_tokenizer(workspace, python, layout.tokenizer_dir, log_path, timeout_s)
+    plan = cut_by_tokens(workspace, python, corpus_jsonl, layout, chunk_chars, run_dir, timeout_s)
+    if plan is not None:  # the same text, cut again where a row had too many tokens
+        stats = write(shard_max_chars, plan)
+        layout.notes.extend(token_notes(plan, layout.max_seq_len))
+    return FilledCache(stats, plan, chunk_chars, seconds)
+
+
+def token_notes(plan: TokenPlan, max_seq_len: int) -> list[str]:
+    """What the token count changed, for the set-up's notes."""
+    notes = []
+    if plan.budgets:
+        notes.append(
+            f"{len(plan.budgets)} documents had a row over {max_seq_len} tokens (counted with the trained "
+            "tokenizer) and were cut finer"
+        )
+    if plan.over_limit:
+        notes.append(
+            f"{plan.over_limit} rows are still over {max_seq_len} tokens at {MIN_RECUT_CHARS} characters "
+            "(text of many tokens per character); autoresearch's loader crops them"
+        )
+    return notes
+
+
+def write_program_md(workspace: Path, given: Path | None, facts: WorkspaceFacts) -> None:
+    """The user's autoresearch.program_md as it is, else mat's description of this workspace."""
+    if given is not None:
+        shutil.copyfile(given, workspace / "program.md")
+    else:
+        (workspace / "program.md").write_text(render_program_md(facts), encoding="utf-8")
 
 
 def check_settings(cfg: AutoresearchConfig, workspace: Path) -> tuple[str, Path | None]:
@@ -429,10 +616,14 @@ def edit_prepare(workspace: Path, cache_dir: Path, train_time_s: int) -> CacheLa
     try:
         source = prepare_py.read_bytes().decode("utf-8")  # bytes: keep the file's own line endings
         source = set_train_time(point_cache_at(source, cache_dir, prepare_py), train_time_s, prepare_py)
+        source, disabled = disable_downloads(source)
     except (SyntaxError, UnicodeDecodeError) as exc:
         raise ExperimentError(f"{prepare_py} is not valid Python ({exc}); check autoresearch.branch") from exc
     prepare_py.write_bytes(source.encode("utf-8"))
-    return cache_layout(read_constants(source), cache_dir)
+    layout = cache_layout(read_constants(source), cache_dir)
+    if disabled:
+        layout.notes.append(f"downloads disabled in prepare.py ({', '.join(disabled)} raise)")
+    return replace(layout, disabled=disabled)
 
 
 def cache_layout(constants: dict[str, Any], cache_dir: Path) -> CacheLayout:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import random
 import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,14 @@ from multiagenttrainer.workspace.builtin import (
     scan_corpus,
 )
 
-# Bytes-per-token estimate behind the chunk size. autoresearch retrains an 8192-entry BPE on the injected
-# corpus. Measured while writing this: such a byte-level BPE (HF tokenizers) trained on 2,000 Python files
-# averaged 3.5 characters per token on 2,000 other files. Assuming 3 leaves headroom, so a chunk of
-# MAX_SEQ_LEN * 3 characters usually fits one packed row of MAX_SEQ_LEN + 1 tokens and the best-fit packer,
-# which crops a document that fits nowhere and throws its tail away, rarely loses text.
+# Rows are first cut at CHARS_PER_TOKEN characters per token (the tokenizer is trained on those shards);
+# then, with the trained tokenizer, every row is counted and documents with a row over MAX_SEQ_LEN tokens
+# are cut again, finer (plan_token_budgets), and the shards are written again.
+# Bytes-per-token estimate behind the first chunk size. autoresearch retrains an 8192-entry BPE on the
+# injected corpus. Measured while writing this: such a byte-level BPE (HF tokenizers) trained on 2,000
+# Python files averaged 3.5 characters per token on 2,000 other files. Assuming 3 leaves headroom, so most
+# chunks of MAX_SEQ_LEN * 3 characters already fit one packed row of MAX_SEQ_LEN + 1 tokens; the best-fit
+# packer crops a document that fits nowhere and throws its tail away, hence the recount.
 CHARS_PER_TOKEN = 3
 MIN_CHUNK_CHARS = 256  # floor for forks with a tiny MAX_SEQ_LEN: a header plus a few lines must fit
 HEADER_PREFIX = "### "  # same header form as the built-in workspace's data
@@ -84,6 +87,85 @@ def pack_lines(text: str, budget: int) -> Iterator[str]:
         yield "".join(piece)
 
 
+# ---------------------------------------------------------------- cutting by token count
+
+# (texts.jsonl, counts.txt): count the tokens of each JSON string of the first file with the workspace's
+# tokenizer, one count per line in the second (autoresearch.py runs it in the workspace's interpreter)
+TokenCounter = Callable[[Path, Path], None]
+MAX_RECUT_ROUNDS = 6
+MIN_RECUT_CHARS = 128  # smallest budget a recount may give: a header (a quarter at most) and some text
+RECUT_MARGIN = 0.9  # a new budget aims a little under the limit: the count is not linear in characters
+
+
+@dataclass
+class TokenPlan:
+    """How to cut each document so that every row fits MAX_SEQ_LEN tokens, measured with the tokenizer."""
+
+    budgets: dict[int, int] = field(default_factory=dict)  # documents given a smaller character budget
+    tokens: dict[int, int] = field(default_factory=dict)  # tokens of a document's rows, one BOS per row
+    over_limit: int = 0  # rows still longer than the limit at the smallest budget (MIN_RECUT_CHARS)
+
+
+def plan_token_budgets(
+    corpus_jsonl: Path, chunk_chars: int, max_tokens: int, counter: TokenCounter, scratch: Path
+) -> TokenPlan:
+    """Count every row's tokens; cut the documents that have a row over `max_tokens` again, finer, and
+    count those again, until every row fits (or the budget reaches MIN_RECUT_CHARS)."""
+    plan = TokenPlan()
+    pending: set[int] | None = None  # None: every document
+    for round_number in range(MAX_RECUT_ROUNDS):
+        counts = count_chunk_tokens(corpus_jsonl, plan, chunk_chars, pending, counter, scratch)
+        last_round = round_number == MAX_RECUT_ROUNDS - 1
+        pending = {i for i, c in counts.items() if rebudget(plan, i, c, chunk_chars, max_tokens, last_round)}
+        if not pending:
+            break
+    return plan
+
+
+def rebudget(
+    plan: TokenPlan, index: int, rows: list[tuple[int, int]], chunk_chars: int, max_tokens: int, last: bool
+) -> bool:
+    """Record a document's (tokens, characters) per row; when a row has too many tokens, give the document
+    a budget that fits that row's characters per token. True: count it again."""
+    plan.tokens[index] = sum(tokens for tokens, _ in rows) + len(rows)
+    tokens, chars = max(rows, default=(0, 0))
+    budget = plan.budgets.get(index, chunk_chars)
+    if tokens <= max_tokens or budget <= MIN_RECUT_CHARS or last:
+        plan.over_limit += sum(1 for tokens, _ in rows if tokens > max_tokens)
+        return False
+    fitting = int(min(budget, chars) * max_tokens / tokens * RECUT_MARGIN)
+    plan.budgets[index] = max(MIN_RECUT_CHARS, min(fitting, budget - 1))
+    return True
+
+
+def count_chunk_tokens(
+    corpus_jsonl: Path,
+    plan: TokenPlan,
+    chunk_chars: int,
+    only: set[int] | None,
+    counter: TokenCounter,
+    scratch: Path,
+) -> dict[int, list[tuple[int, int]]]:
+    """{document index: (tokens, characters) of each of its rows} for the documents in `only` (None: all)."""
+    texts, counts_path = scratch / "texts.jsonl", scratch / "counts.txt"
+    owners: list[tuple[int, int]] = []  # (document index, characters) per row
+    with texts.open("wb") as handle:
+        for index, record in iter_corpus_records(corpus_jsonl):
+            if only is None or index in only:
+                budget = plan.budgets.get(index, chunk_chars)
+                for chunk in chunk_document(document_label(record), record["text"], budget):
+                    handle.write(orjson.dumps(chunk) + b"\n")
+                    owners.append((index, len(chunk)))
+    counter(texts, counts_path)
+    counts = [int(line) for line in counts_path.read_text(encoding="utf-8").split()]
+    if len(counts) != len(owners):
+        raise CorpusError(f"the tokenizer counted {len(counts)} of {len(owners)} rows ({counts_path})")
+    by_document: dict[int, list[tuple[int, int]]] = {}
+    for (index, chars), count in zip(owners, counts, strict=True):
+        by_document.setdefault(index, []).append((count, chars))
+    return by_document
+
+
 # ---------------------------------------------------------------- writing the shards
 
 
@@ -99,6 +181,8 @@ class ShardStats:
     val_chunks: int = 0
     train_chars: int = 0
     val_chars: int = 0
+    train_tokens: int = 0  # with a TokenPlan: the train rows' tokens, one BOS each (0: not counted)
+    val_tokens: int = 0
 
 
 def choose_val_documents(corpus_jsonl: Path) -> tuple[set[int], int, ShardStats]:
@@ -119,14 +203,21 @@ def choose_val_documents(corpus_jsonl: Path) -> tuple[set[int], int, ShardStats]
 
 
 def write_corpus_shards(
-    corpus_jsonl: Path, data_dir: Path, val_filename: str, chunk_chars: int, shard_max_chars: int
+    corpus_jsonl: Path,
+    data_dir: Path,
+    val_filename: str,
+    chunk_chars: int,
+    shard_max_chars: int,
+    plan: TokenPlan | None = None,
 ) -> ShardStats:
     """Replace every parquet file in `data_dir` with the corpus: train shards plus the pinned val shard.
 
     Chunks are spread over the train shards by hash and shuffled within each shard (deterministically),
     because autoresearch's loader reads files in order: without this a whole repository would arrive
     in one stretch of training. Files are staged in a spill directory, so memory holds one shard at most.
+    `plan` (cut by token count) gives some documents a smaller budget than `chunk_chars`, and the tokens.
     """
+    plan = plan or TokenPlan()
     val_indexes, train_bytes, stats = choose_val_documents(corpus_jsonl)
     train_buckets = max(1, math.ceil(train_bytes / shard_max_chars))
     remove_parquet_files(data_dir)
@@ -136,7 +227,9 @@ def write_corpus_shards(
         try:
             for index, record in iter_corpus_records(corpus_jsonl):
                 is_val = index in val_indexes
-                chunks = chunk_document(document_label(record), record["text"], chunk_chars)
+                budget = plan.budgets.get(index, chunk_chars)
+                chunks = chunk_document(document_label(record), record["text"], budget)
+                _count_tokens(stats, is_val, plan.tokens.get(index, 0))
                 for part, chunk in enumerate(chunks):
                     bucket = train_buckets if is_val else _bucket(record, part, train_buckets)
                     handles[bucket].write(orjson.dumps(chunk) + b"\n")
@@ -155,6 +248,13 @@ def write_corpus_shards(
 
 def _bucket(record: dict[str, Any], part: int, buckets: int) -> int:
     return xxhash.xxh64_intdigest(f"{document_label(record)}#{part}".encode()) % buckets
+
+
+def _count_tokens(stats: ShardStats, is_val: bool, tokens: int) -> None:
+    if is_val:
+        stats.val_tokens += tokens
+    else:
+        stats.train_tokens += tokens
 
 
 def _count_chunk(stats: ShardStats, is_val: bool, chars: int) -> None:

@@ -6,12 +6,19 @@ prepare.py is fixed and holds the evaluation, train.py is what an agent edits, a
 
     corpus.jsonl --write_builtin_data--> data/train.bin, data/val.bin   (UTF-8 bytes, one token per byte)
     template/    --render_template-----> prepare.py (TIME_BUDGET set), train.py, program.md
+
+For a run, write_builtin_data gets a holdout directory outside the workspace: the corpus's val split goes
+there (mat scores the checkpoint on it) and data/val.bin becomes a dev split cut from the train documents,
+which train.py scores itself on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -104,18 +111,28 @@ def check_sizes(corpus_jsonl: Path, train_bytes: int, val_bytes: int) -> None:
 # ---------------------------------------------------------------- public API
 
 
-def write_builtin_data(corpus_jsonl: Path, data_dir: Path) -> dict[str, Any]:
-    """Write data_dir/train.bin and data_dir/val.bin from corpus.jsonl; return byte and document counts."""
+def write_builtin_data(corpus_jsonl: Path, data_dir: Path, holdout_dir: Path | None = None) -> dict[str, Any]:
+    """Write data_dir/train.bin and data_dir/val.bin from corpus.jsonl; return byte and document counts.
+
+    With `holdout_dir`, the corpus's val split goes to holdout_dir/val.bin instead (mat scores on it and it
+    never enters the workspace), and data_dir/val.bin holds a dev split cut from the train documents, which
+    train.py scores itself on (see write_holdout_data).
+    """
+    if holdout_dir is not None:
+        return write_holdout_data(corpus_jsonl, data_dir, holdout_dir)
     documents = scan_corpus(corpus_jsonl)
-    val_bytes = sum(doc.size for doc in documents if doc.is_val)
-    carved = carve_val(documents) if val_bytes < MIN_VAL_BYTES else set()
-    val_indexes = {doc.index for doc in documents if doc.is_val} | carved
+    val_indexes, carved, val_bytes = val_split(documents)
     train_bytes = sum(doc.size for doc in documents if doc.index not in val_indexes)
     check_sizes(corpus_jsonl, train_bytes, sum(doc.size for doc in documents if doc.index in val_indexes))
     data_dir.mkdir(parents=True, exist_ok=True)
-    written = stream_splits(corpus_jsonl, data_dir, val_indexes)
+    written = stream_splits(
+        corpus_jsonl,
+        {"train": data_dir / "train.bin", "val": data_dir / "val.bin"},
+        lambda index: "val" if index in val_indexes else "train",
+    )
     stats: dict[str, Any] = {
-        **written,
+        "train_bytes": written["train"],
+        "val_bytes": written["val"],
         "train_documents": len(documents) - len(val_indexes),
         "val_documents": len(val_indexes),
         "val_carved_documents": len(carved),
@@ -127,14 +144,57 @@ def write_builtin_data(corpus_jsonl: Path, data_dir: Path) -> dict[str, Any]:
     return stats
 
 
-def stream_splits(corpus_jsonl: Path, data_dir: Path, val_indexes: set[int]) -> dict[str, int]:
-    """Second pass: append each document's bytes to train.bin or val.bin; return the bytes written."""
-    counts = {"train_bytes": 0, "val_bytes": 0}
-    with (data_dir / "train.bin").open("wb") as train, (data_dir / "val.bin").open("wb") as val:
-        outputs: dict[bool, tuple[BinaryIO, str]] = {False: (train, "train_bytes"), True: (val, "val_bytes")}
+def val_split(documents: list[DocumentInfo]) -> tuple[set[int], set[int], int]:
+    """(val document indexes, those carved from train, bytes the corpus's own val split held)."""
+    val_bytes = sum(doc.size for doc in documents if doc.is_val)
+    carved = carve_val(documents) if val_bytes < MIN_VAL_BYTES else set()
+    return {doc.index for doc in documents if doc.is_val} | carved, carved, val_bytes
+
+
+def write_holdout_data(corpus_jsonl: Path, data_dir: Path, holdout_dir: Path) -> dict[str, Any]:
+    """Three splits: train and dev (a hash-chosen tenth of the train documents) in data_dir, the corpus's
+    val split (topped up from train like write_builtin_data's) as holdout_dir/val.bin."""
+    documents = scan_corpus(corpus_jsonl)
+    holdout, carved, _ = val_split(documents)
+    dev = carve_val([doc for doc in documents if doc.index not in holdout])
+    sizes = {"train": 0, "dev": 0, "holdout": 0}
+    for doc in documents:
+        sizes["holdout" if doc.index in holdout else "dev" if doc.index in dev else "train"] += doc.size
+    check_sizes(corpus_jsonl, sizes["train"], min(sizes["dev"], sizes["holdout"]))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    holdout_dir.mkdir(parents=True, exist_ok=True)
+    targets = {
+        "train": data_dir / "train.bin",
+        "dev": data_dir / "val.bin",
+        "holdout": holdout_dir / "val.bin",
+    }
+    written = stream_splits(
+        corpus_jsonl,
+        targets,
+        lambda index: "holdout" if index in holdout else "dev" if index in dev else "train",
+    )
+    os.chmod(targets["holdout"], 0o600)
+    return {
+        **{f"{split}_bytes": count for split, count in written.items()},
+        "train_documents": len(documents) - len(holdout) - len(dev),
+        "dev_documents": len(dev),
+        "holdout_documents": len(holdout),
+        "holdout_carved_documents": len(carved),
+    }
+
+
+def stream_splits(
+    corpus_jsonl: Path, targets: dict[str, Path], split_of: Callable[[int], str]
+) -> dict[str, int]:
+    """Second pass: append each document's bytes to the file of its split; return the bytes per split."""
+    counts = dict.fromkeys(targets, 0)
+    with contextlib.ExitStack() as stack:
+        handles: dict[str, BinaryIO] = {
+            split: stack.enter_context(path.open("wb")) for split, path in targets.items()
+        }
         for index, record in iter_corpus_records(corpus_jsonl):
-            handle, counter = outputs[index in val_indexes]
-            counts[counter] += handle.write(document_bytes(record))
+            split = split_of(index)
+            counts[split] += handles[split].write(document_bytes(record))
     return counts
 
 

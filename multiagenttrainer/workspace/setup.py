@@ -1,13 +1,16 @@
 """Set up a run's workspace: a fresh git work tree holding train.py, the fixed files and the data.
 
     <run_dir>/workspace/     git repo on branch autoresearch/<run-tag>, first commit "baseline"
+    <run_dir>/evaluator/     the evaluator's record: hashes and copies of the fixed files, mat's git config,
+                             and (built-in) the held-out split (workspace/evaluator.py)
 
 (The run's results.tsv and the workspace link to it belong to the experiment ledger:
 experiments/results.py `link_results`; the ignore rules here keep that link out of git.)
 
-Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin from the
-corpus. Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the
-corpus; this module adds the branch, the ignore rules and the baseline commit.
+Built-in (no `autoresearch.repo`): the bundled template plus data/train.bin and data/val.bin (a dev split)
+from the corpus; the corpus's val split is kept out of the workspace as the held-out split mat scores on.
+Real autoresearch (`autoresearch.repo` set): `workspace.autoresearch` clones it and injects the corpus;
+this module adds the branch, the ignore rules and the baseline commit.
 
 The Workspace record says how to run training there; it is stored in run.json so `--resume` rebuilds it.
 """
@@ -31,12 +34,17 @@ from multiagenttrainer.errors import ConfigError, CorpusError, ExperimentError
 from multiagenttrainer.sources.base import SourceContext
 from multiagenttrainer.sources.git import GitCredentials
 from multiagenttrainer.sources.github_urls import github_credentials
-from multiagenttrainer.workspace import gitops
+from multiagenttrainer.workspace import gitops, worktree
 from multiagenttrainer.workspace.builtin import render_template, write_builtin_data
+from multiagenttrainer.workspace.evaluator import HOLDOUT_REL, record_evaluator
 
 log = logging.getLogger(__name__)
 
 WorkspaceKind = Literal["builtin", "autoresearch"]
+# How a run's val_bpb is obtained: "independent" = mat re-scores the checkpoint train.py saved, apart from
+# training (workspace/scoring.py); "summary" = the val_bpb train.py prints (autoresearch's own contract).
+Evaluation = Literal["independent", "summary"]
+EVALUATIONS = ("independent", "summary")
 WORKSPACE_DIR = "workspace"
 BRANCH_PREFIX = "autoresearch/"
 BASELINE_MESSAGE = "baseline"
@@ -65,6 +73,9 @@ class Workspace:
     env: dict[str, str] = field(default_factory=dict)
     branch: str = ""
     baseline_commit: str = ""
+    evaluation: Evaluation = "summary"
+    python: list[str] = field(default_factory=list)  # the interpreter for the scorer; mat's own when empty
+    facts: dict[str, Any] = field(default_factory=dict)  # what set-up found, for run.json and the report only
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "path": str(self.path)}
@@ -72,6 +83,8 @@ class Workspace:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Workspace:
         values = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        facts = values.get("facts")
+        values["facts"] = dict(facts) if isinstance(facts, dict) else {}  # informational only
         return cls(**{**values, "path": Path(values["path"])})
 
 
@@ -203,30 +216,86 @@ def train_command_for(kind: WorkspaceKind, workspace: Path) -> list[str]:
     return [sys.executable, "train.py"]
 
 
+def python_for(kind: WorkspaceKind, workspace: Path) -> list[str]:
+    """The interpreter of a workspace of this kind (for the scorer): derived, like train_command_for."""
+    if kind == "autoresearch":
+        from multiagenttrainer.workspace.autoresearch import choose_interpreter
+
+        return list(choose_interpreter(workspace).python)
+    return [sys.executable]
+
+
 def reopen_workspace(run_dir: Path, record: Mapping[str, Any]) -> Workspace:
     """The workspace a run recorded, before anything runs in it again (run.json is not trusted): it is
-    always the run directory's own `workspace/` (so a moved run still resumes), of a known kind, and its
-    training command is derived again rather than taken from the file."""
+    always the run directory's own `workspace/` (so a moved run still resumes), of a known kind and
+    evaluation, and its commands are derived again rather than taken from the file."""
     try:
         workspace = Workspace.from_dict({**record, "path": str(Path(run_dir).absolute() / WORKSPACE_DIR)})
     except (KeyError, TypeError, ValueError) as exc:
         raise ExperimentError(f"{run_dir}/run.json: its workspace record is damaged ({exc})") from None
-    if workspace.kind not in ("builtin", "autoresearch"):
+    if workspace.kind not in ("builtin", "autoresearch") or workspace.evaluation not in EVALUATIONS:
         raise ExperimentError(
-            f"{run_dir}/run.json: unknown workspace kind {workspace.kind!r}; the file was changed, so the "
-            "run is not resumed"
+            f"{run_dir}/run.json: unknown workspace kind {workspace.kind!r} or evaluation "
+            f"{workspace.evaluation!r}; the file was changed, so the run is not resumed"
         )
     workspace.train_command = train_command_for(workspace.kind, workspace.path)
+    workspace.python = python_for(workspace.kind, workspace.path)
     return workspace
 
 
-def setup_builtin(workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str) -> list[str]:
-    """Render the built-in template and its data into a new repository; return the training command."""
+def setup_builtin(
+    workspace: Path, corpus_jsonl: Path, cfg: AutoresearchConfig, branch: str, run_dir: Path
+) -> tuple[list[str], list[Path], dict[str, Any]]:
+    """Render the built-in template and its data into a new repository; return the training command,
+    the data directories of the evaluator and the set-up's facts."""
     gitops.init_repo(workspace, branch)
     render_template(workspace, cfg.train_time, program_md_path(cfg))
-    stats = write_builtin_data(corpus_jsonl, workspace / "data")
+    stats = write_builtin_data(corpus_jsonl, workspace / "data", (run_dir / HOLDOUT_REL).parent)
     log.info("built-in workspace data: %s", stats)
-    return train_command_for("builtin", workspace)
+    return train_command_for("builtin", workspace), [workspace / "data"], builtin_facts(stats, workspace)
+
+
+def builtin_facts(stats: Mapping[str, Any], workspace: Path) -> dict[str, Any]:
+    """The built-in workspace's data (one token per byte) and how many tokens a step trains on."""
+    from multiagenttrainer.workspace.autoresearch import read_constants
+
+    constants = read_constants((workspace / "train.py").read_text(encoding="utf-8"))
+    batch, seq_len = constants.get("BATCH_SIZE"), constants.get("SEQ_LEN")
+    per_step = batch * seq_len if isinstance(batch, int) and isinstance(seq_len, int) else 0
+    return {
+        "train_documents": stats.get("train_documents", 0),
+        "val_documents": stats.get("val_documents", 0),
+        "train_tokens": stats.get("train_bytes", 0),
+        "val_tokens": stats.get("val_bytes", 0),
+        "tokens_per_step": per_step,
+        "notes": [stats["note"]] if stats.get("note") else [],
+    }
+
+
+AUTORESEARCH_FACTS = {  # AutoresearchSetup field -> fact
+    "repo": "repo",
+    "branch": "branch",
+    "commit": "commit",
+    "train_shards": "train_shards",
+    "train_documents": "train_documents",
+    "val_documents": "val_documents",
+    "train_chunks": "train_rows",
+    "val_chunks": "val_rows",
+    "train_tokens": "train_tokens",
+    "val_tokens": "val_tokens",
+    "tokens_per_step": "tokens_per_step",
+    "recut_documents": "recut_documents",
+    "rows_over_limit": "rows_over_limit",
+    "notes": "notes",
+}
+
+
+def evaluator_files(workspace: Path, data_dirs: list[Path], run_dir: Path, kind: WorkspaceKind) -> list[Path]:
+    """prepare.py, every file of the data directories and, for the built-in, the held-out split."""
+    files = [workspace / "prepare.py"]
+    for directory in data_dirs:
+        files += [directory / rel for rel, e in worktree.scan(directory).items() if e.kind == "file"]
+    return files + ([run_dir / HOLDOUT_REL] if kind == "builtin" else [])
 
 
 GITHUB_TOKEN_ENV = "GITHUB_TOKEN"
@@ -250,8 +319,8 @@ def setup_autoresearch(
     branch: str,
     run_dir: Path,
     credentials: GitCredentials | None = None,
-) -> tuple[list[str], dict[str, str]]:
-    """Clone real autoresearch with the corpus injected, then branch; return its command and environment."""
+) -> AutoresearchCommands:
+    """Clone real autoresearch with the corpus injected, then branch; return its commands and data."""
     from multiagenttrainer.workspace.autoresearch import prepare_autoresearch_workspace
 
     prepared = prepare_autoresearch_workspace(cfg, corpus_jsonl, workspace, run_dir, credentials=credentials)
@@ -259,7 +328,25 @@ def setup_autoresearch(
         log.info("autoresearch workspace: %s", note)
     gitops.configure_repo(workspace)
     gitops.create_branch(workspace, branch)
-    return list(prepared.train_command), dict(prepared.env)
+    recorded = prepared.to_dict()
+    return AutoresearchCommands(
+        list(prepared.train_command),
+        dict(prepared.env),
+        list(prepared.python),
+        [Path(prepared.data_dir), Path(prepared.tokenizer_dir)],
+        {fact: recorded[name] for name, fact in AUTORESEARCH_FACTS.items()},
+    )
+
+
+@dataclass(frozen=True)
+class AutoresearchCommands:
+    """How to train and score in a prepared autoresearch workspace, and where its data lives."""
+
+    train: list[str]
+    env: dict[str, str]
+    python: list[str]
+    data_dirs: list[Path]
+    facts: dict[str, Any]
 
 
 def setup_workspace(
@@ -280,18 +367,23 @@ def setup_workspace(
     branch = branch_for(run_tag)
     corpus_jsonl = locate_corpus_jsonl(Path(corpus_path), run_dir / "corpus")
     base_env = {"PYTHONUNBUFFERED": "1"}
+    evaluation: Evaluation = "independent"
+    python = [sys.executable]
     if autoresearch_cfg.repo:
-        command, repo_env = setup_autoresearch(
-            workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir, credentials
-        )
+        commands = setup_autoresearch(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir, credentials)
         kind: WorkspaceKind = "autoresearch"
-        base_env.update(repo_env)
+        command, data_dirs, python = commands.train, commands.data_dirs, commands.python
+        base_env.update(commands.env)
+        evaluation = "independent" if autoresearch_cfg.verify else "summary"
+        facts = commands.facts
     else:
-        command, kind = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch), "builtin"
+        command, data_dirs, facts = setup_builtin(workspace, corpus_jsonl, autoresearch_cfg, branch, run_dir)
+        kind = "builtin"
         if autoresearch_cfg.fixed_steps is not None:  # the template's train.py reads it (prepare.fixed_steps)
             base_env[FIXED_STEPS_ENV] = str(autoresearch_cfg.fixed_steps)
     write_gitignore(workspace)
     baseline = gitops.commit_paths(workspace, BASELINE_MESSAGE, allow_empty=True)
+    record_evaluator(run_dir, workspace, evaluator_files(workspace, data_dirs, run_dir, kind), data_dirs)
     return Workspace(
         path=workspace,
         kind=kind,
@@ -300,4 +392,7 @@ def setup_workspace(
         train_time_s=autoresearch_cfg.train_time,
         branch=branch,
         baseline_commit=baseline,
+        evaluation=evaluation,
+        python=python,
+        facts=facts,
     )

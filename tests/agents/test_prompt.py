@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,22 @@ def test_a_long_history_keeps_baseline_keeps_and_recent_rows(workspace: Path) ->
 def test_an_unknown_mode_is_a_config_error(workspace: Path) -> None:
     with pytest.raises(ConfigError, match="training.mode"):
         build_prompt(workspace, 1, [], "solo")
+
+
+@pytest.mark.parametrize("kind", ["builtin", "autoresearch"])
+def test_the_prompt_names_the_exact_training_command_of_the_workspace(workspace: Path, kind: str) -> None:
+    """The command is the one mat derives for the workspace (train_command_for), never a bare `python`."""
+    from multiagenttrainer.workspace.setup import train_command_for
+
+    command = train_command_for(kind, workspace)  # type: ignore[arg-type]
+    assert command[0] != "python"
+    agent_task = build_prompt(workspace, 4, HISTORY, "agent", command).split("## Your task")[-1]
+    assert f"Run `{shlex.join(command)} > run.log 2>&1` in this directory" in agent_task
+    assert "`python train.py" not in agent_task
+    harness_task = build_prompt(workspace, 4, HISTORY, "harness", command).split("## Your task")[-1]
+    assert f"mat runs `{shlex.join(command)}`" in harness_task
+
+
+def test_a_uv_workspace_prompt_says_uv_run(workspace: Path) -> None:
+    task = build_prompt(workspace, 2, HISTORY, "agent", ["uv", "run", "train.py"]).split("## Your task")[-1]
+    assert "Run `uv run train.py > run.log 2>&1`" in task

@@ -111,6 +111,36 @@ def failing_tokenizer_repo(served_root: Path, scratch: Path) -> PublishedRepo:
     return publish(served_root, scratch, "forks/failing-tokenizer", edit)
 
 
+@pytest.fixture(scope="session")
+def checkpoint_fork(served_root: Path, scratch: Path) -> PublishedRepo:
+    """A fork whose train.py keeps the contract of `autoresearch.verify`: a build_model() that needs no
+    training, and the trained weights saved as checkpoint.pt ({"model": state_dict}) before evaluating."""
+
+    def edit(work: Path) -> None:
+        train = work / "train.py"
+        build = "def build_model():\n    return GPT(Tokenizer.from_directory().get_vocab_size())\n\n\n"
+        replace_in(train, "def main():\n", build + "def main():\n")
+        replace_in(
+            train,
+            "    model = GPT(tokenizer.get_vocab_size()).to(device)\n",
+            "    model = build_model().to(device)\n",
+        )
+        call = "    val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE)\n"
+        replace_in(train, call, '    torch.save({"model": model.state_dict()}, "checkpoint.pt")\n' + call)
+
+    return publish(served_root, scratch, "forks/checkpoint", edit)
+
+
+@pytest.fixture(scope="session")
+def missing_package_repo(served_root: Path, scratch: Path) -> PublishedRepo:
+    """A fork whose train.py imports a package that is not installed (like the real one's `kernels`)."""
+
+    def edit(work: Path) -> None:
+        replace_in(work / "train.py", "import torch\n", "import mat_fixture_missing_kernels\nimport torch\n")
+
+    return publish(served_root, scratch, "forks/missing-package", edit)
+
+
 PIDFILE_ENV = "FAKE_AUTORESEARCH_PIDFILE"
 
 
@@ -171,10 +201,12 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
 
 @pytest.fixture(scope="session")
 def library_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """corpus.jsonl of mat's library sources, with a val split (every 8th file)."""
-    return write_jsonl(
-        tmp_path_factory.mktemp("corpus-lib") / "corpus.jsonl", source_records(LIBRARY_DIR, "acme/mat", 8)
-    )
+    """corpus.jsonl of mat's library sources, with a val split (every 8th file), and one generated file of
+    very long lines (a data table on one line each: many tokens per character for a small tokenizer)."""
+    records = source_records(LIBRARY_DIR, "acme/mat", 8)
+    table = "".join(f"ROW_{n} = [{', '.join(str(n * i % 997) for i in range(900))}]\n" for n in range(6))
+    records.append({**records[1], "path": "generated/table.py", "bytes": len(table), "text": table})
+    return write_jsonl(tmp_path_factory.mktemp("corpus-lib") / "corpus.jsonl", records)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 
 from multiagenttrainer.errors import CorpusError, ExperimentError
 from multiagenttrainer.workspace.autoresearch import (
     cache_layout,
+    disable_downloads,
     edit_prepare,
     point_cache_at,
     read_constants,
@@ -18,6 +20,7 @@ from multiagenttrainer.workspace.autoresearch import (
 from multiagenttrainer.workspace.autoresearch_data import (
     chunk_chars_for,
     chunk_document,
+    plan_token_budgets,
     split_by_size,
     write_corpus_shards,
     write_shard,
@@ -225,3 +228,46 @@ def test_a_corpus_of_blank_files_is_refused(tmp_path: Path) -> None:
     corpus = write_jsonl(tmp_path / "corpus.jsonl", records)
     with pytest.raises(CorpusError, match="no text to train or validate on"):
         write_corpus_shards(corpus, tmp_path / "data", "shard_06542.parquet", 768, 10**9)
+
+
+def test_download_functions_are_replaced_whole_and_nothing_else() -> None:
+    source = (
+        "import functools\r\n\r\n"
+        "@functools.lru_cache\r\ndef download_single_shard(index):\r\n    return fetch(index)\r\n\r\n"
+        "def download_data(n):\r\n    '''Doc.'''\r\n"
+        "    for i in range(n):\r\n        download_single_shard(i)\r\n\r\n"
+        "def train_tokenizer():\r\n    return 1\r\n"
+    )
+    edited, names = disable_downloads(source)
+    assert names == ["download_data", "download_single_shard"]
+    assert "lru_cache" not in edited and "fetch(" not in edited and edited.count("\r\n") == edited.count("\n")
+    assert edited.endswith("def train_tokenizer():\r\n    return 1\r\n")
+    namespace: dict[str, object] = {}
+    exec(compile(edited, "prepare.py", "exec"), namespace)
+    with pytest.raises(RuntimeError, match="downloads are disabled in this workspace by mat"):
+        namespace["download_data"](3)  # type: ignore[operator]
+    assert disable_downloads("X = 1\n") == ("X = 1\n", [])
+
+
+def count_utf8_bytes(texts: Path, counts: Path) -> None:
+    """A byte-level tokenizer (one token per UTF-8 byte), through the TokenCounter file contract."""
+    lines = texts.read_bytes().splitlines()
+    counts.write_text("".join(f"{len(orjson.loads(line).encode('utf-8'))}\n" for line in lines))
+
+
+def test_documents_with_a_row_over_the_token_limit_are_cut_finer_until_every_row_fits(
+    corpus: Path, tmp_path: Path
+) -> None:
+    records = [orjson.loads(line) for line in corpus.read_bytes().splitlines()]
+    wide = "".join(f"ÉTÉ_{n} = '{'é' * 400}'\n" for n in range(5))  # 2 bytes a character, long lines
+    records.append({**records[1], "path": "wide.py", "bytes": len(wide.encode()), "text": wide})
+    source = write_jsonl(tmp_path / "wide.jsonl", records)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plan = plan_token_budgets(source, 768, 300, count_utf8_bytes, scratch)
+    assert plan.over_limit == 0 and len(plan.budgets) > 0
+    assert all(budget < 768 for budget in plan.budgets.values())
+    stats = write_corpus_shards(source, tmp_path / "data", "shard_00009.parquet", 768, 10**7, plan)
+    rows = [row for texts in shard_texts(tmp_path / "data").values() for row in texts]
+    assert max(len(row.encode("utf-8")) for row in rows) <= 300
+    assert stats.train_tokens + stats.val_tokens == sum(len(row.encode("utf-8")) + 1 for row in rows)

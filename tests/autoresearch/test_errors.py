@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from multiagenttrainer.config import AutoresearchConfig
+from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
 from multiagenttrainer.errors import ConfigError, ExperimentError
+from multiagenttrainer.experiments.results import read_results
+from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.workspace.autoresearch import prepare_autoresearch_workspace
 from tests.autoresearch.conftest import PIDFILE_ENV, PublishedRepo, set_up
 from tests.git_sources.servers import GitHttpServer, free_port
@@ -113,3 +117,26 @@ def test_a_used_workspace_is_refused(
     (tmp_path / "workspace" / "notes.txt").write_text("someone else's")
     with pytest.raises(ExperimentError, match="already exists and is not empty"):
         set_up(str(fake_autoresearch.bare), library_corpus, tmp_path)
+
+
+def test_a_baseline_missing_a_package_stops_the_run_with_the_fix(
+    missing_package_repo: PublishedRepo, library_corpus: Path, tmp_path: Path
+) -> None:
+    """An agent-less run (the built-in search would edit train.py next) stops after the baseline."""
+    runner = Runner(
+        AutoresearchConfig(repo=str(missing_package_repo.bare), train_time=60),
+        TrainingConfig(max_experiments=3),
+        "nopkg",
+        output_dir=tmp_path,
+    )
+    workspace = runner.setup_workspace(library_corpus)
+    workspace.env["MAT_FIXED_STEPS"] = "1"
+    with pytest.raises(ExperimentError) as raised:
+        asyncio.run(runner.run_experiments(workspace))
+    message = str(raised.value)
+    assert message.startswith("the baseline crashed: the interpreter mat trains with")
+    assert "cannot import 'mat_fixture_missing_kernels'" in message
+    assert "(those in its pyproject.toml), or install uv so mat runs `uv run train.py`" in message
+    run_dir = tmp_path / str(runner.run_id)
+    assert [row.status for row in read_results(run_dir / "results.tsv")] == ["crash"]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "failed"

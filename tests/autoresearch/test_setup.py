@@ -11,6 +11,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from multiagenttrainer.workspace.autoresearch import AutoresearchSetup, read_constants
+from multiagenttrainer.workspace.autoresearch import AutoresearchSetup, disable_downloads, read_constants
 from multiagenttrainer.workspace.summary import parse_run_summary
 from tests.autoresearch.conftest import ASSET_DIR, BRANCH_MARKER, PublishedRepo, set_up
 from tests.git_sources.servers import GitHttpServer, git
@@ -105,9 +106,9 @@ def test_workspace_is_the_repository_at_the_branch(
     assert prepared.setup.commit == fake_autoresearch.head("master")
     assert prepared.setup.branch == "master"
     assert (prepared.workspace / BRANCH_MARKER).read_text() == "master\n"
-    # Only the set-up's own edit is pending; the caller commits it as the baseline.
-    assert modified_files(prepared.workspace) == {"prepare.py"}
-    assert prepared.setup.changed_files == ["prepare.py"]
+    # Only the set-up's own edits are pending; the caller commits them as the baseline.
+    assert modified_files(prepared.workspace) == {"prepare.py", "program.md"}
+    assert prepared.setup.changed_files == ["prepare.py", "program.md"]
 
 
 def test_cache_dir_and_time_budget_are_rewritten_and_nothing_else(prepared: Prepared) -> None:
@@ -117,10 +118,48 @@ def test_cache_dir_and_time_budget_are_rewritten_and_nothing_else(prepared: Prep
     assert constants["CACHE_DIR"] == str(cache) == prepared.setup.cache_dir
     assert constants["DATA_DIR"] == str(cache / "data") == prepared.setup.data_dir
     assert constants["TIME_BUDGET"] == 42
-    original = (ASSET_DIR / "prepare.py").read_text().splitlines()
-    changed = [new for old, new in zip(original, source.splitlines(), strict=True) if old != new]
+    original, _ = disable_downloads((ASSET_DIR / "prepare.py").read_text())  # tested below
+    changed = [new for old, new in zip(original.splitlines(), source.splitlines(), strict=True) if old != new]
     assert [line.split(" = ")[0] for line in changed] == ["TIME_BUDGET", "CACHE_DIR"]
     assert "expanduser" not in changed[1]
+
+
+def test_downloads_are_disabled_and_the_data_left_alone(prepared: Prepared) -> None:
+    """Running prepare.py as autoresearch's program.md says (it downloads shards) fails with the reason."""
+    source = (prepared.workspace / "prepare.py").read_text()
+    assert "def download_single_shard(*args, **kwargs):\n    raise RuntimeError(" in source
+    assert "def download_data(*args, **kwargs):\n    raise RuntimeError(" in source
+    assert (
+        "downloads disabled in prepare.py (download_data, download_single_shard raise)"
+        in prepared.setup.notes
+    )
+    before = sorted(path.name for path in data_dir(prepared).iterdir())
+    done = subprocess.run(
+        [*prepared.setup.python, "prepare.py", "--num-shards", "3"],
+        cwd=prepared.workspace,
+        capture_output=True,
+        text=True,
+        timeout=TRAIN_TIMEOUT_S,
+    )
+    assert done.returncode != 0
+    assert "RuntimeError: downloads are disabled in this workspace by mat" in done.stderr
+    assert sorted(path.name for path in data_dir(prepared).iterdir()) == before
+
+
+def test_program_md_describes_the_workspace_as_it_is(prepared: Prepared) -> None:
+    program = (prepared.workspace / "program.md").read_text()
+    setup = prepared.setup
+    assert f"`{setup.data_dir}` holds 1 training shard(s)" in program
+    assert f"`{setup.tokenizer_dir}` (`tokenizer.pkl`, `token_bytes.pt`)" in program
+    assert "`TIME_BUDGET = 42` seconds of training per run" in program
+    assert (
+        f"The command mat runs, in this directory: `{shlex.join(setup.train_command)} > run.log 2>&1`"
+        in program
+    )
+    assert f"commit {setup.commit[:12]}" in program
+    original = (ASSET_DIR / "program.md").read_text()
+    for stale in ("uv run prepare.py", "5 minutes", "uv run train.py"):
+        assert stale in original and stale not in program
 
 
 # ---------------------------------------------------------------- the shards
@@ -161,7 +200,46 @@ def test_rows_fit_the_sequence_length_and_repeat_the_file_header(
     for label, pieces in parts.items():
         assert sorted(pieces) == list(range(1, len(pieces) + 1))
         assert "".join(pieces[n] for n in sorted(pieces)) == texts[label]  # nothing lost, nothing added
-        assert all(pieces[n].endswith("\n") for n in sorted(pieces)[:-1])  # cut on line boundaries
+        if label != "acme/mat/generated/table.py":  # its lines are longer than a row: they are cut
+            assert all(pieces[n].endswith("\n") for n in sorted(pieces)[:-1])  # cut on line boundaries
+
+
+COUNT_ROWS = """\
+import json, sys
+import pyarrow.parquet as pq
+from prepare import Tokenizer
+tokenizer = Tokenizer.from_directory()
+rows = [row for path in sys.argv[1:] for row in pq.read_table(path).column("text").to_pylist()]
+print(json.dumps([len(ids) for ids in tokenizer.encode(rows, prepend=tokenizer.get_bos_token_id())]))
+"""
+
+
+def test_every_row_fits_one_packed_row_as_the_trained_tokenizer_counts_it(prepared: Prepared) -> None:
+    """The fixture's tokenizer averages under 3 characters per token, so rows cut at 3 characters per
+    token would be too long; counted with the tokenizer, none is (BOS + text <= MAX_SEQ_LEN + 1)."""
+    shards = sorted(str(path) for path in data_dir(prepared).iterdir())
+    done = subprocess.run(
+        [*prepared.setup.python, "-c", COUNT_ROWS, *shards],
+        cwd=prepared.workspace,
+        capture_output=True,
+        text=True,
+        timeout=TRAIN_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lengths = json.loads(done.stdout)
+    assert max(lengths) <= 256 + 1
+    assert prepared.setup.recut_documents > 0 and prepared.setup.rows_over_limit == 0
+    assert any("were cut finer" in note for note in prepared.setup.notes)
+    train_rows = sum(len(read_rows(Path(path))) for path in shards if not path.endswith(VAL_FILENAME))
+    assert train_rows == prepared.setup.train_chunks
+    assert prepared.setup.train_tokens == sum(lengths) - lengths_of_val(prepared, lengths, shards)
+    assert prepared.setup.tokens_per_step == 8 * 256  # the fixture's DEVICE_BATCH_SIZE x MAX_SEQ_LEN
+
+
+def lengths_of_val(prepared: Prepared, lengths: list[int], shards: list[str]) -> int:
+    """The summed lengths of the val shard's rows, which come last in `lengths` (its name sorts last)."""
+    assert shards[-1].endswith(VAL_FILENAME)
+    return sum(lengths[-len(read_rows(Path(shards[-1]))) :])
 
 
 def test_val_documents_are_only_in_the_val_shard(prepared: Prepared, library_corpus: Path) -> None:

@@ -99,9 +99,14 @@ def set_constant(source: str, name: str, value: str) -> str:
 
 
 def install_train_py(workspace: Workspace, source: str = TRIVIAL_TRAIN_PY) -> None:
-    """Replace the template's train.py with `source` and make that the baseline commit."""
+    """Replace the template's train.py with `source` and make that the baseline commit.
+
+    Such a train.py saves no checkpoint, so its printed val_bpb is taken as the result ("summary"
+    evaluation, autoresearch's contract); the independent evaluation has tests of its own.
+    """
     (workspace.path / "train.py").write_text(source, encoding="utf-8")
     workspace.baseline_commit = gitops.commit_paths(workspace.path, "baseline (test train.py)", ["train.py"])
+    workspace.evaluation = "summary"
 
 
 def edit_train(workspace: Path, **constants: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -126,3 +128,184 @@ def test_git_failures_are_experiment_errors(tmp_path: Path) -> None:
         gitops.head_sha(tmp_path)
     assert not gitops.is_valid_branch_name("autoresearch/bad..name")
     assert gitops.is_valid_branch_name("autoresearch/20250101-120000-ok")
+
+
+# ---------------------------------------------------------------- a repository the agent has written to
+
+
+def marker_script(tmp_path: Path) -> tuple[Path, Path]:
+    """A script that records each call (its first argument) in a marker file; returns (script, marker)."""
+    marker = tmp_path / "fired"
+    script = tmp_path / "trap.sh"
+    script.write_text(f'#!/bin/sh\necho "$1" >> {marker}\ncat\n')
+    script.chmod(0o755)
+    return script, marker
+
+
+def test_the_callers_git_environment_is_ignored(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script, marker = marker_script(tmp_path)
+    evil = tmp_path / "global.cfg"
+    evil.write_text(f"[core]\n\tfsmonitor = {script} global\n[user]\n\tname = evil\n")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(tmp_path))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "index"))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(evil))
+    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.fsmonitor'='{script} parameters'")
+    monkeypatch.setenv("GIT_EXTERNAL_DIFF", f"{script} external")
+    (repo / "train.py").write_text("LR = 2\n")
+    assert gitops.changed_paths(repo) == ["train.py"]
+    sha = gitops.commit_paths(repo, "LR 2", ["train.py"])
+    monkeypatch.delenv("GIT_DIR")
+    monkeypatch.delenv("GIT_WORK_TREE")
+    monkeypatch.delenv("GIT_INDEX_FILE")
+    assert git(repo, "log", "-1", "--format=%H %an").split() == [sha, "mat"]
+    assert not marker.exists()
+
+
+def test_settings_planted_in_the_repo_config_run_nothing(repo: Path, tmp_path: Path) -> None:
+    script, marker = marker_script(tmp_path)
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    for name in ("pre-commit", "post-commit", "post-checkout", "reference-transaction"):
+        (hooks / name).write_text(f"#!/bin/sh\n{script} hook-{name}\n")
+        (hooks / name).chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for key, value in {
+        "core.fsmonitor": f"{script} fsmonitor",
+        "core.hooksPath": str(hooks),
+        "core.pager": f"{script} pager",
+        "diff.external": f"{script} external-diff",
+        "core.worktree": str(elsewhere),  # git would look at another directory
+        "core.sparseCheckout": "true",
+    }.items():
+        git(repo, "config", key, value)
+    base = gitops.head_sha(repo)
+    (repo / "train.py").write_text("LR = 3\n")
+    (repo / "prepare.py").write_text("FIXED = 3\n")
+    assert gitops.changed_paths(repo) == ["prepare.py", "train.py"]  # this work tree, not `elsewhere`
+    assert gitops.revert_except(repo) == ["prepare.py"]
+    second = gitops.commit_paths(repo, "LR 3", ["train.py"])
+    assert gitops.changed_between(repo, base, second) == ["train.py"]
+    gitops.reset_hard(repo, base, "autoresearch/t")
+    assert gitops.commit_message(repo, second) == "LR 3" and not marker.exists()
+
+
+def test_changes_are_found_by_content_whatever_the_index_and_ignore_rules_say(repo: Path) -> None:
+    (repo / "prepare.py").write_text("def evaluate(): return 0.123\n")
+    git(repo, "update-index", "--skip-worktree", "prepare.py")
+    (repo / "docs" / "notes with space.md").write_text("edited\n")
+    git(repo, "update-index", "--assume-unchanged", "docs/notes with space.md")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("helpers.py\n")
+    (repo / "helpers.py").write_text("def evaluate(): return 0.5\n")
+    (repo / ".gitignore").write_text("data/\n*.bin\nweights/\n")  # tracked: reverted too
+    (repo / "weights").mkdir()
+    (repo / "weights" / "pretrained.bin").write_bytes(b"\1" * 10)
+    assert gitops.changed_paths(repo) == [".gitignore"]  # what `git status` admits to
+    assert gitops.revert_except(repo) == [
+        ".gitignore",
+        "docs/notes with space.md",
+        "helpers.py",
+        "prepare.py",
+        "weights/pretrained.bin",
+    ]
+    assert (repo / "prepare.py").read_text() == "FIXED = 1\n" and not (repo / "weights").exists()
+    assert (repo / "docs" / "notes with space.md").read_text() == "notes\n"
+    assert {line[:2] for line in git(repo, "ls-files", "-v").splitlines()} == {"H "}  # no S, no h bits
+    assert (repo / "data" / "train.bin").exists()  # data/ is the evaluator's: checked by hash elsewhere
+
+
+def test_reverting_replaces_links_and_odd_files_without_writing_outside(repo: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.rmtree(repo / "docs")
+    (repo / "docs").symlink_to(outside)  # writing docs/notes would land outside the workspace
+    (repo / "prepare.py").unlink()
+    os.mkfifo(repo / "prepare.py")  # reading it would block
+    (repo / "train.py").unlink()
+    (repo / "train.py").symlink_to(outside / "train.py")  # kept only as a regular file
+    (repo / "locked").mkdir()
+    (repo / "locked" / "x.py").write_text("x\n")
+    (repo / "locked").chmod(0)
+    assert gitops.revert_except(repo) == [
+        "docs",
+        "docs/notes with space.md",
+        "locked/x.py",
+        "prepare.py",
+        "train.py",
+    ]
+    assert list(outside.iterdir()) == []
+    assert (repo / "docs" / "notes with space.md").read_text() == "notes\n" and not (
+        repo / "docs"
+    ).is_symlink()
+    assert (repo / "prepare.py").read_text() == "FIXED = 1\n" and (
+        repo / "train.py"
+    ).read_text() == "LR = 1\n"
+    assert not (repo / "locked").exists() and gitops.changed_paths(repo) == []
+
+
+def test_train_py_changed_is_decided_by_content(repo: Path) -> None:
+    (repo / "train.py").write_text("LR = 8\n")
+    git(repo, "update-index", "--assume-unchanged", "train.py")
+    assert gitops.changed_paths(repo) == [] and gitops.train_py_changed(repo)
+    (repo / "train.py").write_text("LR = 1\n")
+    (repo / "train.py").chmod(0o755)
+    assert gitops.train_py_changed(repo)  # the mode counts
+
+
+def test_control_files_are_put_back_and_a_replaced_git_dir_is_refused(repo: Path, tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    gitops.save_control_files(repo, saved)
+    config_before = (repo / ".git" / "config").read_bytes()
+    git(repo, "config", "core.fsmonitor", "/bin/true")
+    (repo / ".git" / "hooks").mkdir(exist_ok=True)
+    (repo / ".git" / "hooks" / "post-checkout").write_text("#!/bin/sh\n")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    for name in ("attributes", "sparse-checkout", "grafts"):
+        (repo / ".git" / "info" / name).write_text("*\n")
+    (repo / ".git" / "objects" / "info" / "alternates").write_text(str(tmp_path) + "\n")
+    assert sorted(gitops.restore_control_files(repo, saved)) == [
+        (".git/config", "modified"),
+        (".git/hooks/post-checkout", "added"),
+        (".git/info/attributes", "added"),
+        (".git/info/grafts", "added"),
+        (".git/info/sparse-checkout", "added"),
+        (".git/objects/info/alternates", "added"),
+    ]
+    assert (repo / ".git" / "config").read_bytes() == config_before
+    assert gitops.restore_control_files(repo, saved) == []
+    moved = tmp_path / "moved-git"
+    (repo / ".git").rename(moved)
+    (repo / ".git").symlink_to(moved)
+    with pytest.raises(ExperimentError, match=r"\.git is no longer a directory.*start a new run"):
+        gitops.restore_control_files(repo, saved)
+
+
+def test_a_transfer_to_the_hub_runs_nothing_planted_in_the_hub(repo: Path, tmp_path: Path) -> None:
+    """With several machines, kept commits go from a machine's repository to the run's hub. The git on the
+    hub's side reads the hub's own config and hooks, which an agent on the same machine can reach: mat puts
+    back its copy of them first, and allows the file transport for that call only."""
+    script, marker = marker_script(tmp_path)
+    saved = tmp_path / "saved"
+    gitops.save_control_files(repo, saved)
+    machine = tmp_path / "machine"
+    shutil.copytree(repo, machine, symlinks=True)
+    (machine / "train.py").write_text("LR = 2\n")
+    commit = gitops.commit_paths(machine, "keep", ["train.py"])
+    hooks = repo / ".git" / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for hook in ("pre-receive", "update", "post-receive", "post-update", "reference-transaction"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marker}\n")
+        (hooks / hook).chmod(0o755)
+    with (repo / ".git" / "config").open("a") as config:
+        config.write(f"[uploadpack]\n\tpackObjectsHook = {script}\n")
+    with pytest.raises(ExperimentError, match="transport 'file' not allowed"):
+        gitops.run_git(machine, "push", "-q", str(repo), f"{commit}:refs/mat/kept")
+    gitops.transfer(machine, repo, saved, "push", "-q", "--no-verify", str(repo), f"{commit}:refs/mat/kept")
+    assert git(repo, "rev-parse", "refs/mat/kept").strip() == commit
+    gitops.transfer(machine, repo, saved, "fetch", "-q", "--no-tags", str(repo), "refs/mat/kept")
+    assert not marker.exists(), marker.read_text()
+    assert list(hooks.iterdir()) == [] and "packObjectsHook" not in (repo / ".git" / "config").read_text()

@@ -7,6 +7,7 @@ val_bpb is a known function of its constants, so every keep/discard/crash is pre
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import time
@@ -15,17 +16,22 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from multiagenttrainer.agents.command import CommandAgent
 from multiagenttrainer.config import AutoresearchConfig, TrainingConfig
+from multiagenttrainer.errors import ExperimentError
 from multiagenttrainer.experiments.loop import LoopOptions
 from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.experiments.runner import Runner
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.processes import pid_alive
+from multiagenttrainer.render import TrainReporter
+from multiagenttrainer.report import render_report_markdown
 from multiagenttrainer.workspace import gitops
 from tests.experiments.helpers import (
     REPO_ROOT,
+    TRIVIAL_TRAIN_PY,
     ByExperiment,
     CommittingAgent,
     ProtocolAgent,
@@ -291,3 +297,88 @@ def test_a_baseline_only_run_needs_no_agent(tmp_path: Path, corpus_dir: Path, ma
     workspace = runner.setup_workspace(corpus_dir)
     install_train_py(workspace)
     assert [r.description for r in run(runner, workspace)] == ["baseline"]
+
+
+MISSING_PACKAGE_TRAIN_PY = "import mat_missing_package_for_tests  # noqa\n"
+NO_GPU_TRAIN_PY = 'raise RuntimeError("Found no NVIDIA driver on your system. Please check your GPU")\n'
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (MISSING_PACKAGE_TRAIN_PY, "cannot import 'mat_missing_package_for_tests'; install the packages"),
+        (NO_GPU_TRAIN_PY, "train.py needs a CUDA GPU and the machine that trains has none (Found no NVIDIA"),
+    ],
+)
+def test_a_baseline_the_machine_cannot_run_stops_the_run_with_the_fix(
+    tmp_path: Path, corpus_dir: Path, source: str, reason: str
+) -> None:
+    training = TrainingConfig(max_experiments=4)
+    agent = ScheduleAgent({1: {"LEARNING_RATE": "0.002"}, 2: {"LEARNING_RATE": "0.003"}})
+    runner = Runner(AutoresearchConfig(), training, "nogo", output_dir=tmp_path, agent=agent)
+    workspace = runner.setup_workspace(corpus_dir)
+    install_train_py(workspace, source)
+    with pytest.raises(ExperimentError, match="the baseline crashed: ") as raised:
+        run(runner, workspace)
+    assert reason in str(raised.value) and "start a new run" in str(raised.value)
+    run_dir = tmp_path / str(runner.run_id)
+    rows = read_results(run_dir / "results.tsv")
+    assert [(row.description, row.status) for row in rows] == [("baseline", "crash")]  # no experiment 1
+    assert agent.requests == []
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["status"] == "failed" and reason in state["error"]
+
+
+def test_a_baseline_that_crashes_in_train_py_itself_lets_the_agents_fix_it(
+    tmp_path: Path, corpus_dir: Path
+) -> None:
+    """Only the machine's shortcomings stop a run: an ordinary exception in the baseline does not."""
+    runner = Runner(
+        AutoresearchConfig(),
+        TrainingConfig(max_experiments=2),
+        "oops",
+        output_dir=tmp_path,
+        agent=ScheduleAgent({1: {"EXIT_CODE": "0"}}),
+    )
+    workspace = runner.setup_workspace(corpus_dir)
+    install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("EXIT_CODE = 0", "EXIT_CODE = 1"))
+    results = run(runner, workspace)
+    assert [r.status for r in results] == ["crash", "keep"]
+
+
+def test_set_up_facts_and_how_often_the_corpus_repeats_reach_run_json_the_report_and_mat_train(
+    tmp_path: Path, corpus_dir: Path
+) -> None:
+    """The baseline trains 10000 steps x BATCH_SIZE x SEQ_LEN tokens (the template's constants) over a corpus
+    of far fewer tokens: the repeat count is recorded, and a warning shown, in every place a user looks."""
+    printed = io.StringIO()
+    reporter = TrainReporter(Console(file=printed, width=300))
+    runner = Runner(AutoresearchConfig(), TrainingConfig(max_experiments=1), "repeats", output_dir=tmp_path)
+    runner.hooks.append(lambda result: reporter.experiment_finished(result, runner.state))  # type: ignore[arg-type]
+    workspace = runner.setup_workspace(corpus_dir)
+    facts = dict(workspace.facts)
+    assert facts["tokens_per_step"] == 16 * 128 and facts["train_tokens"] > 0
+    install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("num_steps:        1", "num_steps:        10000"))
+    assert runner.state is not None and runner.run_dir is not None
+    reporter.run_started(runner.run_dir, runner.state)
+    run(runner, workspace)
+
+    repeats = round(10000 * 16 * 128 / facts["train_tokens"], 2)
+    assert repeats > 10
+    state = json.loads((runner.run_dir / "run.json").read_text())
+    recorded = state["workspace"]["facts"]
+    assert recorded["corpus_repeats"] == repeats
+    assert recorded["corpus_repeats_how"].startswith(
+        "the baseline trained 10000 steps x 2,048 tokens per step"
+    )
+    assert recorded["warning"].startswith(f"the corpus repeats about {repeats:.0f} times within one training")
+    report = render_report_markdown(runner.state)  # what report.md holds
+    assert "## Set-up" in report and f"- **Warning:** the corpus repeats about {repeats:.0f} times" in report
+    assert f"- tokens: {facts['train_tokens']:,} to train on" in report
+    lines = printed.getvalue().splitlines()
+    assert f"  tokens: {facts['train_tokens']:,} to train on, {facts['val_tokens']:,} to validate on" in lines
+    assert f"  the corpus repeats {repeats} times within one training budget" in lines
+    assert (
+        f"the corpus repeats {repeats} times within one training budget (the baseline trained 10000" in report
+    )
+    assert any(line.startswith(f"warning: the corpus repeats about {repeats:.0f} times") for line in lines)

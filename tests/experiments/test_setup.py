@@ -63,6 +63,9 @@ def test_builtin_workspace(tmp_path: Path, corpus_dir: Path) -> None:
     assert link.is_symlink() and str(link.readlink()) == "../results.tsv"
     assert link.read_text() == RESULTS_HEADER + "\n" == (run_dir / "results.tsv").read_text()
     assert Workspace.from_dict(json.loads(json.dumps(workspace.to_dict()))) == workspace
+    assert workspace.facts["train_tokens"] == (path / "data" / "train.bin").stat().st_size  # a byte a token
+    damaged = {**workspace.to_dict(), "facts": "not a mapping"}  # run.json is not trusted
+    assert Workspace.from_dict(damaged).facts == {}
 
 
 def test_program_md_override(tmp_path: Path, corpus_dir: Path) -> None:

@@ -23,7 +23,6 @@ ACCESS_KEY = "AKIAFAKEFINETUNE0001"
 SECRET_KEY = "fake/secret+finetune/never-printed-42"
 
 
-
 @pytest.fixture
 def clean_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
     """No AWS settings from the machine: no credentials, no profile files, no instance metadata."""

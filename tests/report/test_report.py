@@ -132,3 +132,27 @@ def test_plot_without_any_val_bpb_is_still_a_png(tmp_path: Path) -> None:
     crashed = [result(0, "crash", None, "baseline", 3.0, error="OOM")]
     _, plot = write_report(tmp_path / "crashed", make_state("broken", "failed", crashed))
     assert png_size(plot) == (1100, 605)
+
+
+def test_every_reverted_change_is_listed_by_experiment_and_file() -> None:
+    state = make_state()
+    state.workspace["evaluation"] = "independent"
+    state.evaluator = {"hash": "ab" * 32}
+    state.experiments[2].reverted = [
+        {"path": "prepare.py", "change": "modified", "by": "agent"},
+        {"path": ".git/config", "change": "modified", "by": "agent"},
+        {"path": "data/val.bin", "change": "modified", "by": "training"},
+    ]
+    state.experiments[3].reverted = [{"path": "helpers.py", "change": "added", "by": "agent"}]
+    lines = render_report_markdown(state).splitlines()
+    start = lines.index("## Changes mat reverted")
+    assert lines[start + 4 : start + 7] == [
+        "- Experiment 2, by the agent: prepare.py (modified), .git/config (modified)",
+        "- Experiment 2, by the training run: data/val.bin (modified)",
+        "- Experiment 3, by the agent: helpers.py (added)",
+    ]
+    assert (
+        "- Scoring: independent: mat re-scores the checkpoint train.py saves, apart from training; "
+        "evaluator sha256 `abababababab`" in lines
+    )
+    assert "## Changes mat reverted" not in render_report_markdown(make_state())

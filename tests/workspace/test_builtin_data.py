@@ -108,3 +108,21 @@ def test_a_broken_line_is_reported_with_its_number(tmp_path: Path) -> None:
     corpus.write_text('{"path": "a", "body": "no text field"}\n')
     with pytest.raises(CorpusError, match="line 1 has no `text` string"):
         write_builtin_data(corpus, tmp_path / "data")
+
+
+def test_with_a_holdout_dir_the_val_split_stays_out_of_the_workspace(
+    library_corpus: Path, tmp_path: Path
+) -> None:
+    records = library_records()
+    train = [r for r in records if r["split"] == "train"]
+    stats = write_builtin_data(library_corpus, tmp_path / "data", tmp_path / "holdout")
+    holdout = tmp_path / "holdout" / "val.bin"
+    assert holdout.read_bytes() == expected_bytes([r for r in records if r["split"] == "val"])
+    assert holdout.stat().st_mode & 0o777 == 0o600
+    train_bin, dev_bin = (tmp_path / "data" / "train.bin"), (tmp_path / "data" / "val.bin")
+    assert headers(dev_bin).isdisjoint(headers(train_bin)) and headers(dev_bin).isdisjoint(headers(holdout))
+    assert train_bin.stat().st_size + dev_bin.stat().st_size == len(expected_bytes(train))
+    assert stats["dev_documents"] == round(0.1 * len(train)) and stats["dev_bytes"] >= MIN_VAL_BYTES
+    assert stats["train_documents"] + stats["dev_documents"] == len(train)
+    again = write_builtin_data(library_corpus, tmp_path / "again", tmp_path / "again-holdout")
+    assert again == stats and (tmp_path / "again" / "val.bin").read_bytes() == dev_bin.read_bytes()

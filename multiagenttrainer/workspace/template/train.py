@@ -1,8 +1,11 @@
 """A small byte-level GPT trained for a fixed time budget. This is the file to edit.
 
 Run: `python train.py > run.log 2>&1`. It trains for TIME_BUDGET seconds (from prepare.py), or exactly
-MAT_FIXED_STEPS steps when that environment variable is set, then prints the `---` summary block.
-Everything below is fair game: the model, the optimizer, the schedule and the hyperparameters.
+MAT_FIXED_STEPS steps when that environment variable is set, saves the weights (save_checkpoint), then
+prints the `---` summary block. Everything below is fair game: the model, the optimizer, the schedule
+and the hyperparameters. Keep three things: `build_model()` returns the untrained model, training runs
+only under `if __name__ == "__main__":`, and the trained model goes through `save_checkpoint`: the
+harness rebuilds the model with `build_model()`, loads the checkpoint and scores it itself.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from prepare import (
     fixed_steps,
     get_batch,
     pick_device,
+    save_checkpoint,
 )
 
 START_TIME = time.perf_counter()
@@ -116,6 +120,11 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+
+def build_model() -> GPT:
+    """The untrained model; the harness calls this to rebuild the model it loads the checkpoint into."""
+    return GPT()
 
 
 # ---------------------------------------------------------------- training helpers
@@ -234,7 +243,7 @@ def main() -> None:
     torch.manual_seed(SEED)
     if device == "cpu":
         torch.use_deterministic_algorithms(True)  # fixed-step runs repeat exactly on CPU
-    model = GPT().to(device)
+    model = build_model().to(device)
     num_params = sum(p.numel() for p in model.parameters())
     steps_wanted = fixed_steps()
     budget = f"{steps_wanted} fixed steps" if steps_wanted is not None else f"{TIME_BUDGET} s"
@@ -242,6 +251,7 @@ def main() -> None:
         f"device: {device} | threads: {torch.get_num_threads()} | params: {num_params / 1e6:.2f}M | {budget}"
     )
     steps, training_seconds = train(model, device, steps_wanted)
+    save_checkpoint(model)
     eval_start = time.perf_counter()
     val_bpb = evaluate_bpb(model, EVAL_BATCH_SIZE)
     print(f"eval: {time.perf_counter() - eval_start:.1f}s", flush=True)

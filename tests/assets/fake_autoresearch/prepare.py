@@ -7,9 +7,9 @@ TIME_BUDGET, EVAL_TOKENS, VOCAB_SIZE, train_tokenizer() (needs >= 2 parquet file
 tokenizer files exist, writes tokenizer.pkl and token_bytes.pt), the parquet `text` dataloader with
 BOS-aligned best-fit packing, and evaluate_bpb.
 
-What differs from the real file: no download step (there is no network in tests), a tiny byte-level
-BPE trained with numpy instead of rustbpe + tiktoken (not installed here), small constants, and the
-device is "cuda" only when one is available.
+What differs from the real file: the download step writes ClimbMix-like shards made up on the spot
+(there is no network in tests), a tiny byte-level BPE trained with numpy instead of rustbpe + tiktoken
+(not installed here), small constants, and the device is "cuda" only when one is available.
 
 Data and tokenizer are stored in ~/.cache/autoresearch/.
 """
@@ -28,8 +28,8 @@ import torch
 # Constants (fixed, do not modify)
 # ---------------------------------------------------------------------------
 
-MAX_SEQ_LEN = 256       # context length
-TIME_BUDGET = 300        # training time budget in seconds (5 minutes)
+MAX_SEQ_LEN = 256  # context length
+TIME_BUDGET = 300  # training time budget in seconds (5 minutes)
 EVAL_TOKENS = 8 * 4096  # number of tokens for val eval
 
 # ---------------------------------------------------------------------------
@@ -39,7 +39,7 @@ EVAL_TOKENS = 8 * 4096  # number of tokens for val eval
 CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "autoresearch")
 DATA_DIR = os.path.join(CACHE_DIR, "data")
 TOKENIZER_DIR = os.path.join(CACHE_DIR, "tokenizer")
-MAX_SHARD = 6542 # the last datashard is shard_06542.parquet
+MAX_SHARD = 6542  # the last datashard is shard_06542.parquet
 VAL_SHARD = MAX_SHARD  # pinned validation shard (shard_06542)
 VAL_FILENAME = f"shard_{VAL_SHARD:05d}.parquet"
 VOCAB_SIZE = 320
@@ -49,6 +49,35 @@ BOS_TOKEN = "<|reserved_0|>"
 
 TOKENIZER_MAX_CHARS = 200_000  # the numpy BPE trainer is slow; the real one reads up to 1e9 chars
 PAIR_BASE = 1024  # > any token id, so a pair (a, b) packs into one integer a * PAIR_BASE + b
+
+# ---------------------------------------------------------------------------
+# Data download (the real one fetches ClimbMix shards from Hugging Face)
+# ---------------------------------------------------------------------------
+
+
+def download_single_shard(index):
+    """Write shard `index` into DATA_DIR: made-up ClimbMix text, as if it had been downloaded."""
+    import pyarrow as pa
+
+    os.makedirs(DATA_DIR, exist_ok=True)
+    path = os.path.join(DATA_DIR, f"shard_{index:05d}.parquet")
+    if os.path.exists(path):
+        return True
+    rows = [f"CLIMBMIX downloaded document {index}.{n}: " + "web text " * 40 for n in range(200)]
+    pq.write_table(pa.table({"text": rows}), path + ".tmp")
+    os.rename(path + ".tmp", path)
+    print(f"Downloaded {os.path.basename(path)}")
+    return True
+
+
+def download_data(num_shards, download_workers=8):
+    """Download the first `num_shards` training shards and the pinned val shard."""
+    ids = list(range(min(num_shards, MAX_SHARD)))
+    if VAL_SHARD not in ids:
+        ids.append(VAL_SHARD)
+    ok = sum(download_single_shard(i) for i in ids)
+    print(f"Data: {ok}/{len(ids)} shards ready at {DATA_DIR}")
+
 
 # ---------------------------------------------------------------------------
 # Tokenizer training
@@ -174,6 +203,7 @@ def train_tokenizer():
     assert decoded == test, f"Tokenizer roundtrip failed: {test!r} -> {decoded!r}"
     print(f"Tokenizer: sanity check passed (vocab_size={enc.n_vocab})")
 
+
 # ---------------------------------------------------------------------------
 # Runtime utilities (imported by train.py)
 # ---------------------------------------------------------------------------
@@ -241,7 +271,7 @@ def _document_batches(split, tokenizer_batch_size=128):
                 rg = pf.read_row_group(rg_idx)
                 batch = rg.column("text").to_pylist()
                 for i in range(0, len(batch), tokenizer_batch_size):
-                    yield batch[i:i + tokenizer_batch_size], epoch
+                    yield batch[i : i + tokenizer_batch_size], epoch
         epoch += 1
 
 
@@ -277,16 +307,19 @@ def make_dataloader(tokenizer, B, T, split, buffer_size=64):
                         best_idx, best_len = i, len(doc)
                 if best_idx >= 0:
                     doc = doc_buffer.pop(best_idx)
-                    row_buffer[row_idx, pos:pos + len(doc)] = torch.tensor(doc, dtype=torch.long)
+                    row_buffer[row_idx, pos : pos + len(doc)] = torch.tensor(doc, dtype=torch.long)
                     pos += len(doc)
                 else:
                     shortest_idx = min(range(len(doc_buffer)), key=lambda i: len(doc_buffer[i]))
                     doc = doc_buffer.pop(shortest_idx)
-                    row_buffer[row_idx, pos:pos + remaining] = torch.tensor(doc[:remaining], dtype=torch.long)
+                    row_buffer[row_idx, pos : pos + remaining] = torch.tensor(
+                        doc[:remaining], dtype=torch.long
+                    )
                     pos += remaining
         inputs = row_buffer[:, :-1].clone().to(device)  # contiguous, like the real loader's buffers
         targets = row_buffer[:, 1:].clone().to(device)
         yield inputs, targets, epoch
+
 
 # ---------------------------------------------------------------------------
 # Evaluation (DO NOT CHANGE — this is the fixed metric)
@@ -316,7 +349,12 @@ def evaluate_bpb(model, tokenizer, batch_size):
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Prepare data and tokenizer for autoresearch")
+    parser.add_argument("--num-shards", type=int, default=10, help="training shards to download")
+    args = parser.parse_args()
     print(f"Cache directory: {CACHE_DIR}")
-    print("This fixture cannot download data; put parquet shards in DATA_DIR, then train the tokenizer.")
+    download_data(args.num_shards)
     train_tokenizer()
     print("Done! Ready to train.")

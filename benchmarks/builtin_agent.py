@@ -171,7 +171,8 @@ def first_moves(workspace: Path, fixed_steps: int | None, budget_s: int) -> list
         summary = train(workspace, fixed_steps, timeout_s)
         seconds = time.perf_counter() - started
         val = summary["val_bpb"] if summary else None
-        print(f"  {description:32s} {val if val is not None else 'crash'!s:>10} ({seconds:5.1f} s)", flush=True)
+        shown = val if val is not None else "crash"
+        print(f"  {description:32s} {shown!s:>10} ({seconds:5.1f} s)", flush=True)
         rows.append({"description": description, "val_bpb": val, "seconds": seconds})
     train_py.write_text(baseline_source)
     baseline = rows[0]["val_bpb"]

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,9 @@ def constant(workspace: Path, name: str) -> str:
 
 
 class MachineAgent:
-    """On the machine whose work tree ends in `-slow`: one long experiment that finds the best value
-    (LEARNING_RATE 0.001), then worse ones. Elsewhere: quick, steadily better values that never reach it.
-    Records what each experiment started from."""
+    """On the machine whose work tree ends in `-slow`: a first experiment that finds the best value
+    (LEARNING_RATE 0.001) only once the other machine has taken three turns, then worse ones. Elsewhere:
+    steadily better values that never reach it. Records what each experiment started from."""
 
     name = "machine-agent"
 
@@ -46,6 +47,14 @@ class MachineAgent:
         self.fast_values = iter(f"{0.004 - 0.0001 * i:.4f}" for i in range(1, 100))
         self.slow_turns = 0
         self.seen: list[dict[str, str]] = []
+
+    def wait_for_fast_turns(self, turns: int, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self.lock:
+                if sum(1 for seen in self.seen if seen["machine"] != "slow") >= turns:
+                    return
+            time.sleep(0.05)
 
     def propose(self, request: AgentRequest) -> AgentOutcome:
         workspace = request.workspace
@@ -61,10 +70,13 @@ class MachineAgent:
             )
             if machine == "slow":
                 self.slow_turns += 1
-                value, sleep = ("0.001", "3.0") if self.slow_turns == 1 else ("0.009", "0.2")
+                first = self.slow_turns == 1
+                value = "0.001" if first else "0.009"
             else:
-                value, sleep = next(self.fast_values), "0.2"
-        edit_train(workspace, LEARNING_RATE=value, SLEEP_S=sleep)
+                first, value = False, next(self.fast_values)
+        if first:  # the find comes late: the fast machine has moved on from the baseline by then
+            self.wait_for_fast_turns(3)
+        edit_train(workspace, LEARNING_RATE=value, SLEEP_S="0.2")
         return AgentOutcome(f"LEARNING_RATE -> {value}", log=f"{machine}: {value}\n")
 
 

@@ -36,7 +36,7 @@ demo: install
 
 test: install
 	OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE DO_NOT_TRACK=1 \
-		$(BIN)/python -m pytest -m "not gpu" $(PYTEST_ARGS)
+		$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check multiagenttrainer flows tasks blocks deployments tests benchmarks

@@ -57,3 +57,7 @@ def no_prefect_server_left_behind() -> Iterator[None]:
     from multiagenttrainer.cli import prefect_server
 
     prefect_server.stop_server()
+
+
+# Fixture modules shared by several feature directories (servers and fakes of tests/support).
+pytest_plugins = ["tests.support.git_fixtures", "tests.support.api_fixtures"]

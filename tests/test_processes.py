@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from multiagenttrainer import processes
-from tests.experiments.helpers import processes_with, wait_for
+from tests.support.experiments import processes_with, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

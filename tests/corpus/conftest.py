@@ -15,7 +15,7 @@ import pytest
 from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import accel, build_corpus
 from multiagenttrainer.sources.base import Snapshot, Tree
-from tests.git_sources.servers import GIT_ENV
+from tests.support.git_servers import GIT_ENV
 
 FileSpec = Mapping[str, "str | bytes"]
 

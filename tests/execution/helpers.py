@@ -11,7 +11,7 @@ from pathlib import Path
 
 from multiagenttrainer.config import DockerExecution, SshExecution
 from multiagenttrainer.execution.base import Executor, RunOutcome
-from tests.experiments.helpers import processes_with, wait_for
+from tests.support.experiments import processes_with, wait_for
 
 PY = sys.executable
 SshConfig = Callable[..., SshExecution]  # the ssh_config fixture: ssh_config(server, **fields)
@@ -131,7 +131,7 @@ def slow_remote_run_main(output_dir: str, corpus: str, execution_json: str, mark
     from multiagenttrainer.config import AutoresearchConfig, SshExecution, TrainingConfig
     from multiagenttrainer.experiments.loop import LoopOptions
     from multiagenttrainer.experiments.runner import Runner
-    from tests.experiments.helpers import ScheduleAgent, install_train_py
+    from tests.support.experiments import ScheduleAgent, install_train_py
 
     training = TrainingConfig(max_experiments=3, execution=SshExecution.model_validate_json(execution_json))
     schedule = {1: {"LEARNING_RATE": "0.003", "SLEEP_S": "300"}, 2: {"LEARNING_RATE": "0.002"}}

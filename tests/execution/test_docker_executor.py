@@ -26,8 +26,8 @@ from tests.execution.helpers import (
     wait_for_text,
     write_workspace,
 )
-from tests.experiments.helpers import processes_with
 from tests.support.dockerd import Dockerd
+from tests.support.experiments import processes_with
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.experiments.runner import Runner
 from tests.execution.helpers import SshConfig, new_marker
-from tests.experiments.helpers import (
+from tests.support.experiments import (
     REPO_ROOT,
     ScheduleAgent,
     library_records,

@@ -29,7 +29,7 @@ from tests.execution.helpers import (
     wait_gone,
     write_workspace,
 )
-from tests.experiments.helpers import processes_with, wait_for
+from tests.support.experiments import processes_with, wait_for
 from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser, pids_of_user
 

@@ -22,7 +22,7 @@ from tests.execution.test_train_remote import (
     training_processes,
     write_config,
 )
-from tests.experiments.helpers import wait_for
+from tests.support.experiments import wait_for
 from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from multiagenttrainer.experiments.results import read_results
-from tests.experiments.helpers import wait_for
+from tests.support.experiments import wait_for
 from tests.support.netns import Netns
 from tests.support.sshd import KeyPair, Sshd, SshUser, pids_of_user
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.experiments.helpers import library_records, write_corpus_dir
+from tests.support.experiments import library_records, write_corpus_dir
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from multiagenttrainer.agents.command import CommandAgent
-from tests.experiments.helpers import (
+from tests.support.experiments import (
     REPO_ROOT,
     TRIVIAL_TRAIN_PY,
     install_train_py,

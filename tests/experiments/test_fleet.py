@@ -24,7 +24,7 @@ from multiagenttrainer.experiments.runner import Runner, run_loop
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.report import render_report_markdown
 from multiagenttrainer.workspace import gitops
-from tests.experiments.helpers import REPO_ROOT, edit_train, install_train_py
+from tests.support.experiments import REPO_ROOT, edit_train, install_train_py
 
 RESULTS_HEADER = ["commit", "val_bpb", "memory_gb", "status", "description"]
 

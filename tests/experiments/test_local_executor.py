@@ -19,7 +19,7 @@ from multiagenttrainer.execution.local import LocalExecutor
 from multiagenttrainer.execution.registry import executor_class
 from multiagenttrainer.execution.ssh import SshExecutor
 from multiagenttrainer.processes import terminate_processes_in
-from tests.experiments.helpers import processes_with, wait_for
+from tests.support.experiments import processes_with, wait_for
 
 PY = sys.executable
 SLEEPER = "import time; time.sleep(3600)"

@@ -29,7 +29,7 @@ from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.render import TrainReporter
 from multiagenttrainer.report import render_report_markdown
 from multiagenttrainer.workspace import gitops
-from tests.experiments.helpers import (
+from tests.support.experiments import (
     REPO_ROOT,
     TRIVIAL_TRAIN_PY,
     ByExperiment,

@@ -24,7 +24,7 @@ from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.report import render_report_markdown
 from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.setup import Workspace
-from tests.experiments.helpers import (
+from tests.support.experiments import (
     REPO_ROOT,
     ByExperiment,
     ScheduleAgent,

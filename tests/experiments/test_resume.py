@@ -21,7 +21,7 @@ from multiagenttrainer.experiments.results import RESULTS_HEADER, read_results
 from multiagenttrainer.experiments.run_state import load_run
 from multiagenttrainer.experiments.runner import RECOVERED_NOTE, Runner, claim_run_dir
 from multiagenttrainer.workspace import gitops
-from tests.experiments.helpers import REPO_ROOT, ScheduleAgent, new_trivial_run, processes_with, wait_for
+from tests.support.experiments import REPO_ROOT, ScheduleAgent, new_trivial_run, processes_with, wait_for
 
 SCHEDULE = {i: {"LEARNING_RATE": str(0.004 - 0.0005 * i)} for i in range(1, 10)}  # every change is a keep
 
@@ -29,7 +29,7 @@ SCHEDULE = {i: {"LEARNING_RATE": str(0.004 - 0.0005 * i)} for i in range(1, 10)}
 def start_slow_run(output_dir: Path, corpus: Path, marker: str) -> tuple[subprocess.Popen[str], str]:
     """A `python -c` running 5 experiments, the third training for 300 s; returns (process, run id)."""
     code = (
-        "from tests.experiments.helpers import slow_run_main; "
+        "from tests.support.experiments import slow_run_main; "
         f"slow_run_main({str(output_dir)!r}, {str(corpus)!r}, 2, {marker!r})"
     )
     proc = subprocess.Popen(

@@ -22,7 +22,7 @@ from multiagenttrainer.workspace.setup import (
     locate_corpus_jsonl,
     setup_workspace,
 )
-from tests.experiments.helpers import REPO_ROOT, library_records
+from tests.support.experiments import REPO_ROOT, library_records
 
 FAKE_AUTORESEARCH = REPO_ROOT / "tests" / "assets" / "fake_autoresearch"
 

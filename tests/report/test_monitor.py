@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from multiagenttrainer.experiments.run_state import RunState
+from multiagenttrainer.experiments.run_state import MachineRecord, RunState
 from multiagenttrainer.experiments.starting import STARTING_DIR, StartingRun, marker_path
 from multiagenttrainer.monitor import (
     render_status_table,
@@ -28,7 +28,7 @@ from multiagenttrainer.monitor import (
     status_row,
     watch_runs,
 )
-from tests.report.conftest import T0, make_state, running_state
+from tests.support.run_states import T0, make_state, running_state
 
 
 def text_console() -> Console:
@@ -68,9 +68,25 @@ def test_status_rows_with_an_interrupted_run(tmp_path: Path) -> None:
         "best_val_bpb": 1.9,
         "started_at": "2025-03-08T02:00:00+00:00",
         "duration_s": 390.0,
+        "machines": [],
     }
     assert rows[1]["status"] == "interrupted"
     assert rows[1]["duration_s"] > 390.0  # until run.json was last written (now: save() stamps updated_at)
+
+
+def test_status_rows_of_a_multi_machine_run_say_what_each_machine_did() -> None:
+    state = make_state("spread")
+    state.machines = [
+        MachineRecord("a", "ssh", "/runs/x/workspace-a"),
+        MachineRecord("b", "docker", "/runs/x/workspace-b", "dropped", "container trainer is gone", 3),
+    ]
+    for index, result in enumerate(state.experiments):
+        result.machine = "a" if index % 2 == 0 else "b"
+    (a, b) = status_row(state, T0)["machines"]
+    assert (a["machine"], a["type"], a["status"], a["reason"]) == ("a", "ssh", "active", None)
+    assert (b["machine"], b["status"], b["reason"]) == ("b", "dropped", "container trainer is gone")
+    assert a["experiments"] + b["experiments"] == len(state.experiments)
+    assert a["keep"] + a["discard"] + a["crash"] == a["experiments"]
 
 
 def test_running_duration_counts_until_now() -> None:

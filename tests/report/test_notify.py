@@ -25,8 +25,8 @@ from multiagenttrainer.notify import (
     notify_safely,
     run_failure_alert,
 )
-from tests.report.conftest import CRASH_ERROR, make_state, result
 from tests.support.aws import isolate_aws
+from tests.support.run_states import CRASH_ERROR, make_state, result
 
 REGION = "eu-west-1"
 SENDER = "mat@example.com"

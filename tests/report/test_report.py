@@ -12,7 +12,7 @@ from multiagenttrainer.report import (
     results_table,
     write_report,
 )
-from tests.report.conftest import make_state, result
+from tests.support.run_states import make_state, result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.api_sources.bare_repos import commit_files
-from tests.api_sources.fake_bedrock import FakeBedrock, passage, s3
-from tests.api_sources.fake_github import FakeGithub, FakeRepo
-from tests.git_sources.servers import GitHttpServer, git
+from tests.support.bare_repos import commit_files
+from tests.support.fake_bedrock import FakeBedrock, passage, s3
+from tests.support.fake_github import FakeGithub, FakeRepo
+from tests.support.git_servers import GitHttpServer, git
 from tests.support.tiny_model import corpus_dir, sample_files, tiny_model_dir
 
 __all__ = ["corpus_dir", "tiny_model_dir"]  # session fixtures shared with the fine-tuning tests

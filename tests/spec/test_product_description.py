@@ -58,7 +58,7 @@ NOT_AS_WRITTEN = {
     "Adding a new backend": "the snippet edits finetuner/registry.py with an if-chain and builds the backend "
     "as (cfg.anthropic, jobs_dir, console); mat's backends are registered with register_backend() from "
     "a plugin and built as (section, store, target): README 'Adding a backend', "
-    "tests/finetune_cli/test_plugin_backend.py",
+    "tests/finetune/test_plugin_backend.py",
     "docker compose run --rm mat ...": "needs the postgres and prefecthq/prefect images from a registry, "
     "which this machine cannot reach: tests/docker_image builds mat's image offline and trains in it, "
     "and checks docker-compose.yml with `docker-compose config`",

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.experiments.helpers import library_records, write_corpus_dir
+from tests.support.experiments import library_records, write_corpus_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 MAT = [sys.executable, "-m", "multiagenttrainer.cli"]

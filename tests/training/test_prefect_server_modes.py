@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from multiagenttrainer.experiments.run_state import load_run
-from tests.experiments.helpers import processes_with
+from tests.support.experiments import processes_with
 from tests.training.conftest import MAT, ROOT, mat_env, only_run_dir, wait_until, write_config
 
 pytestmark = pytest.mark.integration

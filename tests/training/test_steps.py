@@ -14,8 +14,8 @@ import pytest
 from multiagenttrainer.experiments.loop import RunInterrupted
 from multiagenttrainer.experiments.results import read_results
 from multiagenttrainer.report import experiment_line
-from tests.experiments.helpers import ScheduleAgent, new_trivial_run, trivial_val_bpb
-from tests.report.conftest import CRASH_ERROR, make_state, mixed_experiments
+from tests.support.experiments import ScheduleAgent, new_trivial_run, trivial_val_bpb
+from tests.support.run_states import CRASH_ERROR, make_state, mixed_experiments
 
 SCHEDULE = {1: {"LEARNING_RATE": "0.002"}, 2: {"LEARNING_RATE": "0.003"}, 3: {"LEARNING_RATE": "0.0015"}}
 

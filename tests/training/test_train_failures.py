@@ -13,7 +13,7 @@ import yaml
 from flows.train import run_train
 from multiagenttrainer.experiments.progress import NullTrainProgress
 from multiagenttrainer.experiments.run_state import load_run
-from tests.experiments.helpers import processes_with
+from tests.support.experiments import processes_with
 from tests.training.conftest import FIXED_STEPS, mat, only_run_dir, start_mat, wait_until, write_config
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,7 @@ from multiagenttrainer.workspace import gitops
 from multiagenttrainer.workspace.evaluator import load_evaluator
 from multiagenttrainer.workspace.scoring import prepare_scoring, read_result, verdict
 from multiagenttrainer.workspace.setup import Workspace, setup_workspace
-from tests.experiments.helpers import library_records, write_corpus_dir
+from tests.support.experiments import library_records, write_corpus_dir
 
 BIGRAM_TRAIN_PY = '''\
 """A bigram model: each byte's logits depend on that byte only, so it is causal by construction."""

@@ -256,17 +256,19 @@ def setup_builtin(
 
 
 def builtin_facts(stats: Mapping[str, Any], workspace: Path) -> dict[str, Any]:
-    """The built-in workspace's data (one token per byte) and how many tokens a step trains on."""
+    """The built-in workspace's data (one token per byte; validation: the split mat scores on, held out of
+    the workspace when it scores independently) and how many tokens a step trains on."""
     from multiagenttrainer.workspace.autoresearch import read_constants
 
     constants = read_constants((workspace / "train.py").read_text(encoding="utf-8"))
     batch, seq_len = constants.get("BATCH_SIZE"), constants.get("SEQ_LEN")
     per_step = batch * seq_len if isinstance(batch, int) and isinstance(seq_len, int) else 0
+    held_out = "holdout" if "holdout_bytes" in stats else "val"  # what mat scores on: the held-out split
     return {
         "train_documents": stats.get("train_documents", 0),
-        "val_documents": stats.get("val_documents", 0),
+        "val_documents": stats.get(f"{held_out}_documents", 0),
         "train_tokens": stats.get("train_bytes", 0),
-        "val_tokens": stats.get("val_bytes", 0),
+        "val_tokens": stats.get(f"{held_out}_bytes", 0),
         "tokens_per_step": per_step,
         "notes": [stats["note"]] if stats.get("note") else [],
     }

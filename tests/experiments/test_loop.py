@@ -358,6 +358,8 @@ def test_set_up_facts_and_how_often_the_corpus_repeats_reach_run_json_the_report
     workspace = runner.setup_workspace(corpus_dir)
     facts = dict(workspace.facts)
     assert facts["tokens_per_step"] == 16 * 128 and facts["train_tokens"] > 0
+    held_out = runner.run_dir / "evaluator" / "holdout" / "val.bin" if runner.run_dir else None
+    assert held_out is not None and facts["val_tokens"] == held_out.stat().st_size > 0  # what mat scores on
     install_train_py(workspace, TRIVIAL_TRAIN_PY.replace("num_steps:        1", "num_steps:        10000"))
     assert runner.state is not None and runner.run_dir is not None
     reporter.run_started(runner.run_dir, runner.state)

@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from multiagenttrainer import report
+from multiagenttrainer.agents.base import Agent
+from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import Config, TrainingConfig, expand_path
 from multiagenttrainer.errors import ConfigError, IngestIncomplete, MatError, disk_full_error, is_disk_full
-from multiagenttrainer.experiments.fleet import Batches, run_in_threads
+from multiagenttrainer.experiments.fleet import Batches, Fleet, run_in_threads
 from multiagenttrainer.experiments.loop import Loop, ResultHook
 from multiagenttrainer.experiments.progress import NullTrainProgress, TrainProgress
 from multiagenttrainer.experiments.run_state import RunState, find_run_of_flow_run, load_run
@@ -384,13 +386,31 @@ def is_machine_batch(runs_dir: Path, run_id: str, machine: str) -> bool:
     return machine in {record.name for record in state.machines}
 
 
+def complete_after_retry(fleet: Fleet) -> None:
+    """A batch retried after the run's owner ended it (failed, its batches short of the total) completes the
+    run when the run now holds its total: run.json and the report say so."""
+    state = fleet.state
+    with fleet.lock:
+        if state.status == "running" or len(state.experiments) < state.max_experiments:
+            return
+        state.status, state.error, state.finished_at = "completed", None, now_iso()
+        state.save(fleet.run_dir)
+        report.write_report(fleet.run_dir, state)
+    progress_log.info("run %s completed by machine batches run again", state.run_id)
+
+
 def run_machine_batch(
-    run_id: str, runs_dir: Path, machine: str, steps: TrainSteps, progress: TrainProgress | None = None
+    run_id: str,
+    runs_dir: Path,
+    machine: str,
+    steps: TrainSteps,
+    progress: TrainProgress | None = None,
+    agent: Agent | None = None,
 ) -> dict[str, Any]:
     """One machine's batch of a multi-machine run started elsewhere (`mat train --via-deployments`): its
     experiments until the run holds its total, recorded in the shared run.json; returns what it did."""
     logged = LoggedTrainProgress(progress or NullTrainProgress())
-    runner, fleet = Runner.open_batch(run_id, runs_dir, machine)
+    runner, fleet = Runner.open_batch(run_id, runs_dir, machine, agent=agent)
     runner.hooks.append(progress_hook(logged, runner))
     run_dir, state = fleet.run_dir, fleet.state
 
@@ -403,6 +423,7 @@ def run_machine_batch(
         "run %s: machine %s takes experiments until the run holds %d", run_id, machine, state.max_experiments
     )
     run_batch(fleet, experiment)
+    complete_after_retry(fleet)
     mine = [result for result in state.experiments if result.machine == machine]
     return {
         "run_id": state.run_id,

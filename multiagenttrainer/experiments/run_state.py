@@ -216,9 +216,11 @@ class RunLock:
 
 
 def refresh_shared(state: RunState, fresh: RunState) -> None:
-    """Take what the machines of a run share (experiments, claims, machine records) from `fresh`."""
+    """Take what the machines of a run share (experiments, claims, machine records) and how the run stands
+    (its owner may have ended it meanwhile) from `fresh`."""
     state.experiments, state.current, state.machines = fresh.experiments, fresh.current, fresh.machines
     state.max_experiments = fresh.max_experiments
+    state.status, state.error, state.finished_at = fresh.status, fresh.error, fresh.finished_at
 
 
 def list_runs(output_dir: Path) -> list[tuple[Path, RunState]]:

@@ -206,10 +206,9 @@ def test_resume_reopens_every_machine_and_completes(tmp_path: Path, tiny_corpus_
 
 def batch_main(output_dir: str, run_id: str, machine: str) -> None:
     """A worker's side of a run (what the `experiments-on-machine` flow does): one machine's batch."""
-    from multiagenttrainer.experiments.runner import run_batch
+    from multiagenttrainer.training import PlainTrainSteps, run_machine_batch
 
-    runner, fleet = Runner.open_batch(run_id, output_dir, machine, agent=MachineAgent())
-    run_batch(fleet, runner.run_step)
+    run_machine_batch(run_id, Path(output_dir), machine, PlainTrainSteps(), agent=MachineAgent())
 
 
 def batches_in_processes(fleet: Fleet, step: object) -> None:
@@ -248,3 +247,27 @@ def test_machine_batches_in_separate_processes_share_one_run(tmp_path: Path, tin
     assert len(rows) == 8 and [r.commit[:7] for r in rows] == [r.commit[:7] for r in state.experiments]
     best = state.best
     assert best is not None and gitops.head_sha(workspace.path) == best.commit  # the hub holds the best
+
+
+def test_a_batch_run_again_after_its_run_failed_short_completes_the_run(
+    tmp_path: Path, tiny_corpus_dir: Path
+) -> None:
+    runner, workspace = fleet_runner(
+        tmp_path, tiny_corpus_dir, local_machines("slow", "fast"), max_experiments=3
+    )
+    runner.agent = MachineAgent()
+    runner.shared_with_processes = True
+    fleet = runner.begin_fleet(workspace)
+    with pytest.raises(FleetFailed, match="ended with 1 of 3 experiments"):
+        run_loop(runner, fleet, runner.run_step, lambda fleet, step: None)  # the machines' batches all failed
+    assert runner.run_dir is not None and load_run(runner.run_dir).status == "failed"
+    # a batch retried from the UI: the experiments-on-machine flow run of one machine, run again
+    retried = subprocess.run(
+        [sys.executable, "-c", "from tests.experiments.test_fleet import batch_main; "
+         f"batch_main({str(runner.run_dir.parent)!r}, {runner.run_dir.name!r}, 'fast')"],
+        cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300, check=False,
+    )  # fmt: skip
+    assert retried.returncode == 0
+    state = load_run(runner.run_dir)
+    assert state.status == "completed" and state.error is None and state.done == 3
+    assert "- Status: completed" in (runner.run_dir / "report.md").read_text()

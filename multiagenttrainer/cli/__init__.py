@@ -255,6 +255,10 @@ def train_command(
             from multiagenttrainer.agents import make_agent
 
             make_agent(cfg.training)  # an agent command that cannot work is a config error
+        if via_deployments:
+            from multiagenttrainer.training import check_via_deployments, train_request
+
+            check_via_deployments(train_request(cfg, config_path=config, via_deployments=True))
     except MatError as exc:
         fail(exc)
     if deployment:

@@ -195,3 +195,12 @@ def test_status_never_loads_prefect_nor_the_experiment_loop(tmp_path: Path) -> N
     modules = imported_modules("status", "--output-dir", str(tmp_path))
     assert not {m for m in modules if m == "prefect" or m.startswith("prefect.")}
     assert "multiagenttrainer.experiments.loop" not in modules  # run.json is read, nothing is run
+
+
+def test_via_deployments_needs_machines_and_says_so_before_starting_anything(tmp_path: Path) -> None:
+    config = tmp_path / "mat.yaml"
+    config.write_text("training:\n  max_experiments: 2\n")
+    result = mat("train", "--via-deployments", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "machines: --via-deployments runs each machine's batch as a flow run" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()

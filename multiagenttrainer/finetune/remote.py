@@ -34,7 +34,7 @@ from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.clock import now_iso
 from multiagenttrainer.config import DockerExecution, MachineConfig, OpenSourceConfig, SshExecution
 from multiagenttrainer.corpus.records import corpus_file
-from multiagenttrainer.errors import BackendError, ConfigError, MachineError, MatError
+from multiagenttrainer.errors import BackendError, MachineError, MatError
 from multiagenttrainer.execution.base import RunOutcome
 from multiagenttrainer.finetune.base import DEFAULT_TARGET, JobRecord, JobStore, read_record, safe_name
 from multiagenttrainer.finetune.registry import ResolvedTarget
@@ -85,17 +85,25 @@ class Machine(Protocol):
 
 
 def machine_execution(name: str | None, machines: Sequence[MachineConfig]) -> RemoteExecution | None:
-    """The ssh or docker execution of the named machine; None for no machine or a local one."""
+    """The ssh or docker execution of the named machine; None for no machine, a local one, or a name that
+    is not in `machines` (then it only documents which host the target is sized for: see unknown_machine)."""
     if name is None:
         return None
     for machine in machines:
         if machine.name == name:
             execution = machine.execution
             return execution if isinstance(execution, (SshExecution, DockerExecution)) else None
+    return None
+
+
+def unknown_machine(name: str | None, machines: Sequence[MachineConfig]) -> str | None:
+    """What to tell the user when a target names a machine that `machines` does not list, else None."""
+    if name is None or any(machine.name == name for machine in machines):
+        return None
     known = ", ".join(m.name for m in machines) or "none"
-    raise ConfigError(
-        f"finetuner.targets: machine {name!r} is not in machines (configured: {known}); "
-        "add it under machines: or fix the target's machine"
+    return (
+        f"machine {name!r} is not in machines (configured: {known}), so it only labels the target, which "
+        "trains on this machine; add it under machines: to train there"
     )
 
 

@@ -16,6 +16,7 @@ one target is the only thing a caller swaps (`run_planned` here, a Prefect task 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import shutil
 import subprocess
@@ -45,8 +46,11 @@ from multiagenttrainer.finetune.remote import (
     machine_execution,
     refresh,
     train_on_machine,
+    unknown_machine,
 )
 from multiagenttrainer.finetune.worker import target_spec
+
+log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[list[JobRecord]], None]
 POLL_INTERVAL_S = 0.5
@@ -105,11 +109,14 @@ def with_absolute_paths(target: ResolvedTarget) -> ResolvedTarget:
 
 
 def check_targets(targets: list[ResolvedTarget], machines: Sequence[MachineConfig] = ()) -> None:
-    """Refuse settings that cannot run (an unknown machine, a Bedrock target sent to a machine, QLoRA
-    without CUDA on this machine) before any target starts."""
+    """Refuse settings that cannot run (a Bedrock target sent to a machine, QLoRA without CUDA on this
+    machine) before any target starts; a machine `machines` does not list only labels its target (a warning
+    says so, as the product description's multi-target example uses it)."""
     from multiagenttrainer.finetune.opensource import check_4bit_supported
 
     for target in targets:
+        if note := unknown_machine(target.machine, machines):
+            log.warning("target %r: %s", target.name, note)
         try:
             remote = machine_execution(target.machine, machines) is not None
             if remote and target.backend not in LOCAL_BACKENDS:

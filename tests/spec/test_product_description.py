@@ -145,7 +145,7 @@ def test_source_types_table(row: str) -> None:
 
 def test_machine_config_table() -> None:
     assert {"name", "execution", "agent_command"} <= set(MachineConfig.model_fields)  # plus gpus (mat deploy)
-    assert MachineConfig.model_fields["gpus"].default == 0  # an addition with a default: the table's configs hold
+    assert MachineConfig.model_fields["gpus"].default == 0  # an addition with a default
     assert required_fields(MachineConfig) == {"name"}  # local execution unless one is given
     same_as_training = TrainingConfig.model_fields["execution"].annotation
     assert MachineConfig.model_fields["execution"].annotation == same_as_training

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -386,6 +386,19 @@ def is_machine_batch(runs_dir: Path, run_id: str, machine: str) -> bool:
     return machine in {record.name for record in state.machines}
 
 
+def reporting_step(steps: TrainSteps, runner: Runner) -> Callable[[Loop, int], None]:
+    """The step of the experiment loop: run and record one experiment, then rewrite report.md."""
+    assert runner.run_dir is not None and runner.state is not None
+    run_dir, state = runner.run_dir, runner.state
+
+    def experiment(loop: Loop, experiment_id: int) -> None:
+        steps.experiment(runner, loop, experiment_id)
+        with loop.lock:  # machines of one run record and report one at a time
+            report.write_report(run_dir, state)
+
+    return experiment
+
+
 def complete_after_retry(fleet: Fleet) -> None:
     """A batch retried after the run's owner ended it (failed, its batches short of the total) completes the
     run when the run now holds its total: run.json and the report say so."""
@@ -412,12 +425,8 @@ def run_machine_batch(
     logged = LoggedTrainProgress(progress or NullTrainProgress())
     runner, fleet = Runner.open_batch(run_id, runs_dir, machine, agent=agent)
     runner.hooks.append(progress_hook(logged, runner))
-    run_dir, state = fleet.run_dir, fleet.state
-
-    def experiment(loop: Loop, experiment_id: int) -> None:
-        steps.experiment(runner, loop, experiment_id)
-        with loop.lock:
-            report.write_report(run_dir, state)
+    state = fleet.state
+    experiment = reporting_step(steps, runner)
 
     progress_log.info(
         "run %s: machine %s takes experiments until the run holds %d", run_id, machine, state.max_experiments
@@ -427,7 +436,7 @@ def run_machine_batch(
     mine = [result for result in state.experiments if result.machine == machine]
     return {
         "run_id": state.run_id,
-        "run_dir": str(run_dir),
+        "run_dir": str(fleet.run_dir),
         "machine": machine,
         "experiments": len(mine),
         "kept": sum(1 for result in mine if result.status == "keep"),
@@ -445,11 +454,7 @@ def train_stage(request: TrainRequest, steps: TrainSteps, progress: TrainProgres
     attach_run(runner, request, progress)
     assert runner.run_dir is not None and runner.state is not None
     run_dir, state = runner.run_dir, runner.state
-
-    def experiment(loop: Loop, experiment_id: int) -> None:
-        steps.experiment(runner, loop, experiment_id)
-        with loop.lock:  # machines of one run record and report one at a time
-            report.write_report(run_dir, state)
+    experiment = reporting_step(steps, runner)
 
     try:
         drive(runner, workspace, request.max_experiments, experiment, batches)

@@ -294,16 +294,22 @@ def try_experiment(fleet: Fleet, loop: Loop, experiment_id: int, step: Step) -> 
     return True
 
 
+def attempt(fleet: Fleet, loop: Loop, experiment_id: int, step: Step) -> None:
+    """Run one experiment on the loop's machine; after a machine failure, wait before its next try."""
+    if try_experiment(fleet, loop, experiment_id, step) or not fleet.is_active(loop):
+        return
+    with fleet.lock:
+        failures = fleet.record_of(loop).consecutive_failures
+    fleet.stop.wait(backoff_s(failures))
+
+
 def run_machine(fleet: Fleet, loop: Loop, step: Step) -> None:
     """One machine's sequential batch: take the next free experiment until none is left or it is dropped."""
     while fleet.is_active(loop):
         experiment_id = fleet.claim(loop)
         if experiment_id is None:
             return
-        if not try_experiment(fleet, loop, experiment_id, step) and fleet.is_active(loop):
-            with fleet.lock:
-                failures = fleet.record_of(loop).consecutive_failures
-            fleet.stop.wait(backoff_s(failures))
+        attempt(fleet, loop, experiment_id, step)
 
 
 def run_baseline(fleet: Fleet, step: Step) -> None:
@@ -316,10 +322,7 @@ def run_baseline(fleet: Fleet, step: Step) -> None:
         experiment_id = fleet.claim(loop)
         if experiment_id is None:
             return
-        if not try_experiment(fleet, loop, experiment_id, step) and fleet.is_active(loop):
-            with fleet.lock:
-                failures = fleet.record_of(loop).consecutive_failures
-            fleet.stop.wait(backoff_s(failures))
+        attempt(fleet, loop, experiment_id, step)
 
 
 def run_in_threads(fleet: Fleet, step: Step) -> None:

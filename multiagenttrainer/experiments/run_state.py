@@ -19,6 +19,7 @@ Run directory layout (`<training.output_dir>/<run_id>/`):
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -203,8 +204,15 @@ class RunLock:
                 raise
 
     def _lock_file(self) -> None:
+        path = self.run_dir / LOCK_FILE
         flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        self._fd = os.open(self.run_dir / LOCK_FILE, flags, 0o600)
+        try:
+            self._fd = os.open(path, flags, 0o600)
+        except OSError as exc:  # a link or a directory planted there, or a full disk
+            if exc.errno == errno.ENOSPC:
+                raise
+            problem = f"cannot be opened as the run's lock ({exc.strerror}); remove it"
+            raise RunStateError(f"{path}: {problem}") from None
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc: object) -> None:

@@ -19,7 +19,7 @@ from multiagenttrainer.config import AutoresearchConfig, MachineConfig, Training
 from multiagenttrainer.experiments.fleet import Fleet, FleetFailed
 from multiagenttrainer.experiments.loop import record
 from multiagenttrainer.experiments.results import read_results
-from multiagenttrainer.experiments.run_state import load_run
+from multiagenttrainer.experiments.run_state import RunState, load_run
 from multiagenttrainer.experiments.runner import Runner, run_loop
 from multiagenttrainer.history import ExperimentResult
 from multiagenttrainer.report import render_report_markdown
@@ -271,3 +271,18 @@ def test_a_batch_run_again_after_its_run_failed_short_completes_the_run(
     state = load_run(runner.run_dir)
     assert state.status == "completed" and state.error is None and state.done == 3
     assert "- Status: completed" in (runner.run_dir / "report.md").read_text()
+
+
+def test_a_link_planted_as_the_run_lock_is_a_clear_error(tmp_path: Path) -> None:
+    from multiagenttrainer.experiments.run_state import LOCK_FILE, RunLock, RunStateError
+
+    state = RunState("r", "r", "running", 1, "t", "t")
+    state.save(tmp_path)
+    (tmp_path / LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    lock = RunLock(tmp_path, state, across_processes=True)
+    with (
+        pytest.raises(RunStateError, match=r"\.run\.lock: cannot be opened as the run's lock .*; remove it"),
+        lock,
+    ):
+        pass
+    assert not (tmp_path / "elsewhere").exists()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,11 +70,13 @@ def fetch_cache_key(
 ) -> str | None:
     """The cache key of one fetch; None when the source cannot say what it would fetch.
 
-    The working directory is part of the key because relative paths in a config depend on it.
+    The working directory is not part of it: the version names what is fetched (a local directory's
+    version includes its absolute path) and `staging` (absolute) where it goes, so a deployment's flow run
+    working in a fresh clone of the project reuses what `mat ingest` fetched in the checkout.
     """
     if version is None:
         return None
-    return "mat-fetch-" + digest(as_json(source_cfg), name, as_json(github), staging, version, os.getcwd())
+    return "mat-fetch-" + digest(as_json(source_cfg), name, as_json(github), staging, version)
 
 
 def output_fingerprint(corpus_txt: str) -> list[list[Any]] | None:

@@ -88,7 +88,7 @@ class LocalRepo:
     def _fingerprint(self, commit: str | None) -> str:
         self._require_directory()
         try:
-            salt = f"local_repo:{commit or ''}"
+            salt = f"local_repo:{self.path}:{commit or ''}"  # two copies of a tree are two versions
             return directory_fingerprint(self.path, self.selector, salt, self.cache_dir)
         except OSError as exc:
             raise SourceError(self.name, f"cannot read {exc.filename or self.path}: {exc.strerror}") from exc

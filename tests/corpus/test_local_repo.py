@@ -41,6 +41,18 @@ def test_plain_directory(make_tree: MakeTree, tmp_path: Path) -> None:
     assert not (tmp_path / "staging").exists() or not any((tmp_path / "staging").iterdir())  # nothing copied
 
 
+def test_two_copies_of_a_tree_are_two_versions(make_tree: MakeTree, tmp_path: Path) -> None:
+    """The version says where the files are read, so a cached fetch never hands back the other copy."""
+    root = make_tree({"a.py": "a = 1\n"})
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in root.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+        os.utime(copy / path.name, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    assert local(root).resolve() != local(copy).resolve()
+    assert local(root).resolve() == local(root).resolve()
+
+
 def test_git_work_tree_reports_branch_and_commit(make_tree: MakeTree, tmp_path: Path) -> None:
     root = make_tree({"a.py": "a = 1\n"})
     git(root, "init", "-q", "-b", "trunk")

@@ -52,6 +52,15 @@ def test_fetch_key_changes_with_any_input(change: dict[str, Any]) -> None:
     assert fetch_cache_key(**fetch_inputs(**change)) != fetch_cache_key(**fetch_inputs())
 
 
+def test_fetch_key_does_not_depend_on_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment's flow run works in a fresh clone of the project: it must find `mat ingest`'s fetch."""
+    here = fetch_cache_key(**fetch_inputs())
+    monkeypatch.chdir(tmp_path)
+    assert fetch_cache_key(**fetch_inputs()) == here
+
+
 def test_fetch_without_a_version_is_never_cached() -> None:
     assert fetch_cache_key(**fetch_inputs(version=None)) is None
 

@@ -111,6 +111,14 @@ def machines_config(tmp_path: Path) -> Iterator[Path]:
                 client.delete_work_pool(pool)
 
 
+def how_this_checkout_is_pulled() -> str:
+    """What `mat deploy` says of this checkout: a clone that tracks a remote branch (CI's) is cloned."""
+    upstream = git_upstream(ROOT)
+    if upstream is None:
+        return f"working in {ROOT}"
+    return f"git clone {upstream[0]} (branch {upstream[1]})"
+
+
 @pytest.mark.integration
 def test_deploy_creates_a_pool_per_machine_and_every_deployment(
     prefect_api: str, machines_config: Path
@@ -125,7 +133,7 @@ def test_deploy_creates_a_pool_per_machine_and_every_deployment(
             for line in first.stdout.splitlines()
             if line.startswith("deployed ")
         ] == DEPLOYMENTS
-        assert f"flow runs get the code by: working in {ROOT}" in first.stdout
+        assert f"flow runs get the code by: {how_this_checkout_is_pulled()}" in first.stdout
 
         with get_client(sync_client=True) as client:
             pools = {
@@ -143,9 +151,7 @@ def test_deploy_creates_a_pool_per_machine_and_every_deployment(
             assert deployments["train/train"].work_pool_name == "mat-local"
             assert deployments["train/train"].parameters["config_path"] == str(machines_config)
             for deployment in deployments.values():
-                assert deployment.pull_steps == [
-                    {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}
-                ]
+                assert deployment.pull_steps == pull_steps_for(ROOT)
                 assert deployment.job_variables["env"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "multiagenttrainer"
             schema = deployments["experiments-on-machine/experiments-on-machine"].parameter_openapi_schema
             assert set(schema["properties"]) == {"run_id", "machine", "output_dir", "config_path"}

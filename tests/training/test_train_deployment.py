@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import pytest
@@ -223,13 +224,26 @@ def test_retry_of_a_killed_train_flow_run_resumes_the_same_run(
 def test_train_and_nightly_deployment_runs_on_one_output_do_not_overlap(
     worker: None, tiny_source: Path, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path, tiny_source, training={"max_experiments": 1})
+    gate = tmp_path / "gate"  # the agent of whichever run goes first waits for it: the runs overlap
+    agent = f"{sys.executable} {AGENTS / 'wait_for_gate.py'} {gate}"
+    config = write_config(tmp_path, tiny_source, training={"max_experiments": 1, "agent_command": agent})
     started = [
         run_deployment("train/train", parameters={"config_path": str(config), "name": "daytime"}, timeout=0),
         run_deployment(
             "nightly/nightly", parameters={"config_path": str(config), "max_experiments": 1}, timeout=0
         ),
     ]
+    runs_dir = (tmp_path / "runs").resolve()
+    waiting: list[Any] = []
+
+    def one_is_waiting() -> bool:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(LogFilter(name=LogFilterName(any_=[PROGRESS_LOGGER])), limit=200)
+        waiting[:] = [log for log in logs if f"writes into {runs_dir}; waiting for it to finish" in log.message]
+        return bool(waiting)
+
+    wait_until(one_is_waiting, FOLLOW_TIMEOUT_S, "one run to wait for the other", interval_s=1)
+    gate.touch()
     for flow_run in started:
         assert (
             wait_for_flow_run(flow_run.id, {"COMPLETED", "FAILED", "CRASHED"}).state.type.value == "COMPLETED"
@@ -238,8 +252,5 @@ def test_train_and_nightly_deployment_runs_on_one_output_do_not_overlap(
     first, second = sorted((load_run(p) for p in (tmp_path / "runs").iterdir()), key=lambda s: s.created_at)
     assert {first.name, second.name} == {"daytime", "nightly"}
     assert first.finished_at is not None and first.finished_at <= second.created_at  # one after the other
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(name=LogFilterName(any_=[PROGRESS_LOGGER])), limit=200)
-    runs_dir = (tmp_path / "runs").resolve()
-    waiting = [log for log in logs if f"writes into {runs_dir}; waiting for it to finish" in log.message]
+    one_is_waiting()
     assert len(waiting) == 1 and UUID(str(waiting[0].flow_run_id))

@@ -10,10 +10,13 @@ entry through the Prefect client, so that re-running it updates everything in pl
   cron schedule), plus `experiments-on-machine/<machine>` on each machine's pool;
 - with a config file, the deployments' `config_path` parameter defaults to it (an absolute path).
 
-How a worker gets the code (the pull step): when the project directory is a git clone whose branch
-tracks a remote branch, the flow run clones that repository and branch (`git_clone`; credentials in the
-remote's URL are never copied into the deployment); otherwise it changes into the project directory
-(`set_working_directory`), which must then exist on the machine where the worker runs.
+How a worker gets the code (the pull step), chosen with `mat deploy --code-from`:
+
+- `directory` (the default): the flow run changes into the project directory (`set_working_directory`),
+  the code as it is here, uncommitted edits included; the directory must exist where the worker runs;
+- `git`: the flow run clones the remote branch this checkout's branch tracks (`git_clone`; credentials in
+  the remote's URL are never copied into the deployment), for workers on machines without a checkout.
+  Commits not pushed there and uncommitted changes are reported: flow runs would not see them.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SCHEDULE_FIELDS = {field.name for field in dataclasses.fields(Schedule)}
 GIT_TIMEOUT_S = 10.0
 SET_WORKING_DIRECTORY = "prefect.deployments.steps.set_working_directory"
 GIT_CLONE = "prefect.deployments.steps.git_clone"
+CODE_FROM = ("directory", "git")  # `mat deploy --code-from`
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class DeployReport:
     deployments: list[str]
     pull_steps: list[dict[str, Any]]
     block_types: list[str]
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- prefect.yaml
@@ -177,13 +182,31 @@ def git_upstream(project_dir: Path) -> tuple[str, str] | None:
     return (without_credentials(url), merge.removeprefix("refs/heads/")) if url else None
 
 
-def pull_steps_for(project_dir: Path) -> list[dict[str, Any]]:
-    """Clone the tracked remote branch when there is one, else change into the project directory."""
+def pull_steps_for(project_dir: Path, code_from: str = "directory") -> list[dict[str, Any]]:
+    """Change into the project directory, or (`git`) clone the remote branch its branch tracks."""
+    if code_from not in CODE_FROM:
+        raise ConfigError(f"--code-from: {code_from!r} is not one of {', '.join(CODE_FROM)}")
+    if code_from == "directory":
+        return [{SET_WORKING_DIRECTORY: {"directory": str(project_dir)}}]
     upstream = git_upstream(project_dir)
-    if upstream is not None:
-        repository, branch = upstream
-        return [{GIT_CLONE: {"repository": repository, "branch": branch}}]
-    return [{SET_WORKING_DIRECTORY: {"directory": str(project_dir)}}]
+    if upstream is None:
+        raise ConfigError(
+            f"--code-from git: {project_dir} is not on a branch that tracks a remote branch; push it "
+            "(git push --set-upstream <remote> <branch>) or deploy with --code-from directory"
+        )
+    repository, branch = upstream
+    return [{GIT_CLONE: {"repository": repository, "branch": branch}}]
+
+
+def unpublished_changes(project_dir: Path) -> list[str]:
+    """What a flow run that clones the tracked branch would not see: unpushed commits, uncommitted edits."""
+    notes = []
+    ahead = git(project_dir, "rev-list", "--count", "@{upstream}..HEAD")
+    if ahead is not None and ahead != "0":
+        notes.append(f"{ahead} commit(s) of {project_dir} are not pushed: flow runs clone without them")
+    if git(project_dir, "status", "--porcelain", "--untracked-files=no") is not None:
+        notes.append(f"{project_dir} has uncommitted changes: flow runs clone without them")
+    return notes
 
 
 # --------------------------------------------------------------------------- deployments
@@ -251,13 +274,14 @@ def register_deployments(
     only: Sequence[str] | None = None,
     cfg: Config | None = None,
     config_path: Path | None = None,
+    code_from: str = "directory",
 ) -> list[str]:
     """Create the pools (`work_pool` and one per machine of `cfg`) and register the deployments.
 
     Deployments on prefect.yaml's `mat-local` pool go to `work_pool`; `only` limits registration to
     the named prefect.yaml entries (all of them by default).
     """
-    return deploy(project_dir, cfg, config_path, work_pool, only).deployments
+    return deploy(project_dir, cfg, config_path, work_pool, only, code_from).deployments
 
 
 def deploy(
@@ -266,12 +290,14 @@ def deploy(
     config_path: Path | None = None,
     work_pool: str = DEFAULT_WORK_POOL,
     only: Sequence[str] | None = None,
+    code_from: str = "directory",
 ) -> DeployReport:
     """Everything `mat deploy` registers: pools, block types, deployments (module docstring)."""
     project_dir = Path(project_dir).resolve()
     specs = [s for s in load_deployment_specs(project_dir) if only is None or s["name"] in only]
     pools = pools_for(cfg, work_pool)
-    pull_steps = pull_steps_for(project_dir)
+    pull_steps = pull_steps_for(project_dir, code_from)
+    warnings = unpublished_changes(project_dir) if code_from == "git" else []
     try:
         block_types = register_block_types()
         names = []
@@ -286,4 +312,4 @@ def deploy(
                     names.append(deploy_one(client, project_dir, one, target, pull_steps))
     except (httpx.HTTPError, PrefectHTTPStatusError) as exc:
         raise ServerError(f"the Prefect server refused or dropped the registration: {exc}") from None
-    return DeployReport(pools, names, pull_steps, block_types)
+    return DeployReport(pools, names, pull_steps, block_types, warnings)

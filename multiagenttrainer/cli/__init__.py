@@ -11,6 +11,7 @@ has pointed it at a running `mat server` (if any), so read-only commands stay fa
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -394,12 +395,27 @@ def watch(
 # --------------------------------------------------------------------------- deploy
 
 
+class CodeFrom(str, Enum):
+    """`mat deploy --code-from`: where a flow run gets mat's code (deployments/register.py)."""
+
+    directory = "directory"
+    git = "git"
+
+
 @app.command()
 def deploy(
     config: ConfigOption = None,
     work_pool: Annotated[
         str, typer.Option(help="Work pool of the deployments (process type).")
     ] = "mat-local",
+    code_from: Annotated[
+        CodeFrom,
+        typer.Option(
+            "--code-from",
+            help="How flow runs get mat's code: `directory` (work in this checkout, the default) or `git` "
+            "(clone the remote branch this checkout tracks, for workers on other machines).",
+        ),
+    ] = CodeFrom.directory,
 ) -> None:
     """Create the work pools (mat-local, mat-<machine>) and register the deployments of prefect.yaml."""
     try:
@@ -411,9 +427,11 @@ def deploy(
 
     config_path = config_file_for_deployments(config)
     try:
-        report = register(project_dir(), cfg, config_path, work_pool)
+        report = register(project_dir(), cfg, config_path, work_pool, code_from=code_from.value)
     except MatError as exc:
         fail(exc)
+    for line in report.warnings:
+        warn(line)
     for pool in report.pools:
         limit = f"at most {pool.limit} flow runs at once" if pool.limit else "no limit"
         out.print(f"work pool {pool.name} ({limit})", markup=False)

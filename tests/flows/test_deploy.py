@@ -14,7 +14,7 @@ from prefect.client.schemas.schedules import CronSchedule
 from prefect.exceptions import ObjectNotFound
 
 from deployments.pools import Pool, pools_for
-from deployments.register import git_upstream, pull_steps_for, without_credentials
+from deployments.register import git_upstream, pull_steps_for, unpublished_changes, without_credentials
 from multiagenttrainer.config import Config
 from multiagenttrainer.errors import ConfigError
 from tests.support.prefect_runs import ROOT, pause_schedules, run_mat, session_env
@@ -62,27 +62,60 @@ def test_machine_pools_take_their_limit_from_the_gpu_count() -> None:
         pools_for(clash)
 
 
-def test_a_plain_directory_is_worked_in_where_it_is(tmp_path: Path) -> None:
+def test_by_default_flow_runs_work_in_the_project_directory_even_in_a_clone(tmp_path: Path) -> None:
     assert git_upstream(tmp_path) is None
-    assert pull_steps_for(tmp_path) == [
-        {"prefect.deployments.steps.set_working_directory": {"directory": str(tmp_path)}}
-    ]
+    origin, clone = tracking_clone(tmp_path)
+    for directory in (tmp_path, clone):
+        assert pull_steps_for(directory) == [
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(directory)}}
+        ]
 
 
-def test_a_clone_that_tracks_a_remote_branch_is_cloned_by_the_flow_run(tmp_path: Path) -> None:
+def tracking_clone(tmp_path: Path) -> tuple[Path, Path]:
+    """A bare origin and a clone whose branch `trunk` tracks origin/trunk."""
     origin, clone = tmp_path / "origin.git", tmp_path / "clone"
     git(tmp_path, "init", "--quiet", "--bare", "--initial-branch=trunk", str(origin))
     git(tmp_path, "init", "--quiet", "--initial-branch=trunk", str(clone))
-    git(clone, "commit", "--quiet", "--allow-empty", "-m", "first")
+    (clone / "flow.py").write_text("x = 1\n")
+    git(clone, "add", "flow.py")
+    git(clone, "commit", "--quiet", "-m", "first")
     git(clone, "remote", "add", "origin", str(origin))
     git(clone, "push", "--quiet", "--set-upstream", "origin", "trunk")
-    assert pull_steps_for(clone) == [
+    return origin, clone
+
+
+def test_code_from_git_clones_the_tracked_remote_branch(tmp_path: Path) -> None:
+    origin, clone = tracking_clone(tmp_path)
+    assert pull_steps_for(clone, "git") == [
         {"prefect.deployments.steps.git_clone": {"repository": str(origin), "branch": "trunk"}}
     ]
+    assert unpublished_changes(clone) == []
+
+
+def test_code_from_git_names_what_the_clone_would_miss(tmp_path: Path) -> None:
+    _, clone = tracking_clone(tmp_path)
+    git(clone, "commit", "--quiet", "--allow-empty", "-m", "local")
+    (clone / "flow.py").write_text("x = 2\n")
+    notes = unpublished_changes(clone)
+    assert notes == [
+        f"1 commit(s) of {clone} are not pushed: flow runs clone without them",
+        f"{clone} has uncommitted changes: flow runs clone without them",
+    ]
+
+
+def test_code_from_git_without_a_tracked_branch_says_how_to_fix_it(tmp_path: Path) -> None:
+    _, clone = tracking_clone(tmp_path)
     git(clone, "checkout", "--quiet", "-b", "local-only")  # a branch that tracks nothing
-    assert pull_steps_for(clone)[0] == {
-        "prefect.deployments.steps.set_working_directory": {"directory": str(clone)}
-    }
+    for directory in (clone, tmp_path):  # and a directory that is no repository at all
+        with pytest.raises(
+            ConfigError, match=r"--code-from git: .*git push --set-upstream.*--code-from directory"
+        ):
+            pull_steps_for(directory, "git")
+
+
+def test_mat_deploy_refuses_an_unknown_code_source() -> None:
+    done = run_mat("deploy", "--code-from", "svn", env=session_env())
+    assert done.returncode == 2 and "'--code-from'" in done.stderr and "'svn'" in done.stderr, done.stderr
 
 
 def test_credentials_in_the_remote_url_never_reach_the_deployment() -> None:
@@ -111,14 +144,6 @@ def machines_config(tmp_path: Path) -> Iterator[Path]:
                 client.delete_work_pool(pool)
 
 
-def how_this_checkout_is_pulled() -> str:
-    """What `mat deploy` says of this checkout: a clone that tracks a remote branch (CI's) is cloned."""
-    upstream = git_upstream(ROOT)
-    if upstream is None:
-        return f"working in {ROOT}"
-    return f"git clone {upstream[0]} (branch {upstream[1]})"
-
-
 @pytest.mark.integration
 def test_deploy_creates_a_pool_per_machine_and_every_deployment(
     prefect_api: str, machines_config: Path
@@ -133,7 +158,7 @@ def test_deploy_creates_a_pool_per_machine_and_every_deployment(
             for line in first.stdout.splitlines()
             if line.startswith("deployed ")
         ] == DEPLOYMENTS
-        assert f"flow runs get the code by: {how_this_checkout_is_pulled()}" in first.stdout
+        assert f"flow runs get the code by: working in {ROOT}" in first.stdout  # also in a clone (CI's)
 
         with get_client(sync_client=True) as client:
             pools = {
@@ -151,7 +176,9 @@ def test_deploy_creates_a_pool_per_machine_and_every_deployment(
             assert deployments["train/train"].work_pool_name == "mat-local"
             assert deployments["train/train"].parameters["config_path"] == str(machines_config)
             for deployment in deployments.values():
-                assert deployment.pull_steps == pull_steps_for(ROOT)
+                assert deployment.pull_steps == [
+                    {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}
+                ]
                 assert deployment.job_variables["env"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "multiagenttrainer"
             schema = deployments["experiments-on-machine/experiments-on-machine"].parameter_openapi_schema
             assert set(schema["properties"]) == {"run_id", "machine", "output_dir", "config_path"}

@@ -134,13 +134,13 @@ def git(*args: str) -> None:
     )
 
 
-def test_a_deployment_registered_from_a_clone_runs_from_a_fresh_clone(worker: int, tmp_path: Path) -> None:
-    """A checkout that tracks a remote branch is cloned by each flow run: the checkout is not needed."""
+def test_a_deployment_with_code_from_git_runs_from_a_fresh_clone(worker: int, tmp_path: Path) -> None:
+    """With --code-from git each flow run clones the branch the checkout tracks: the checkout is not needed."""
     origin, checkout = tmp_path / "origin.git", tmp_path / "checkout"
     git("clone", "--quiet", "--bare", str(ROOT), str(origin))
     git("-C", str(origin), "branch", "--force", "mat-under-test", "HEAD")  # also when ROOT's HEAD is detached
     git("clone", "--quiet", "--branch", "mat-under-test", str(origin), str(checkout))
-    assert register_deployments(checkout, only=["ingest"]) == ["ingest/ingest"]
+    assert register_deployments(checkout, only=["ingest"], code_from="git") == ["ingest/ingest"]
     with get_client(sync_client=True) as client:
         pull = client.read_deployment_by_name("ingest/ingest").pull_steps
     assert pull == [

@@ -239,7 +239,9 @@ def test_train_and_nightly_deployment_runs_on_one_output_do_not_overlap(
     def one_is_waiting() -> bool:
         with get_client(sync_client=True) as client:
             logs = client.read_logs(LogFilter(name=LogFilterName(any_=[PROGRESS_LOGGER])), limit=200)
-        waiting[:] = [log for log in logs if f"writes into {runs_dir}; waiting for it to finish" in log.message]
+        waiting[:] = [
+            log for log in logs if f"writes into {runs_dir}; waiting for it to finish" in log.message
+        ]
         return bool(waiting)
 
     wait_until(one_is_waiting, FOLLOW_TIMEOUT_S, "one run to wait for the other", interval_s=1)

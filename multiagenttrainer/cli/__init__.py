@@ -479,3 +479,18 @@ def main() -> None:
         if not is_disk_full(exc):
             raise
         fail(disk_full_error(exc, Path.cwd(), 0, "run the command again"))
+    finally:
+        skip_collection_at_exit()
+
+
+def skip_collection_at_exit() -> None:
+    """Keep the interpreter's shutdown from walking every object Prefect and torch created.
+
+    Once a command is done, the garbage collector's passes over ~100k module-level objects during
+    interpreter finalization cost about 0.4 s per command (a third of a no-change `mat ingest`). Frozen
+    objects are left to the operating system; exit handlers (Prefect's log and event flushes, logging's
+    shutdown) and reference-count clean-up still run as usual.
+    """
+    import gc
+
+    gc.freeze()

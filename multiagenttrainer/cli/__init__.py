@@ -11,7 +11,7 @@ has pointed it at a running `mat server` (if any), so read-only commands stay fa
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -395,7 +395,7 @@ def watch(
 # --------------------------------------------------------------------------- deploy
 
 
-class CodeFrom(str, Enum):
+class CodeFrom(StrEnum):
     """`mat deploy --code-from`: where a flow run gets mat's code (deployments/register.py)."""
 
     directory = "directory"

@@ -135,7 +135,7 @@ def git(*args: str) -> None:
 
 
 def test_a_deployment_with_code_from_git_runs_from_a_fresh_clone(worker: int, tmp_path: Path) -> None:
-    """With --code-from git each flow run clones the branch the checkout tracks: the checkout is not needed."""
+    """With --code-from git each flow run clones the branch the checkout tracks: no checkout is needed."""
     origin, checkout = tmp_path / "origin.git", tmp_path / "checkout"
     git("clone", "--quiet", "--bare", str(ROOT), str(origin))
     git("-C", str(origin), "branch", "--force", "mat-under-test", "HEAD")  # also when ROOT's HEAD is detached

@@ -28,10 +28,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prefect import Flow, flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import FlowRun, State
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from prefect.runtime import deployment as current_deployment
@@ -70,6 +72,7 @@ from tasks.train import experiment_results, run_experiment, setup_run, write_rep
 FAILURE_TAIL_LINES = 40
 MAT_ROOTS = tuple(Path(str(package.__file__)).resolve().parent for package in (flows, tasks, blocks))
 OUTPUT_LIMIT_PREFIX = "mat-output-"
+LOCKED = 423  # the server's answer when a concurrency slot is taken
 OUTPUT_LEASE_S = 60.0  # a killed run's slot is given back within this (plus the server's 15 s sweep)
 PROGRESS: ProgressSlot[TrainProgress] = ProgressSlot("mat_train_progress", NullTrainProgress)
 
@@ -182,35 +185,54 @@ def output_limit_name(runs_dir: Path) -> str:
     return OUTPUT_LIMIT_PREFIX + hashlib.sha256(str(runs_dir).encode()).hexdigest()[:16]
 
 
-def ensure_output_limit(name: str, runs_dir: Path) -> bool:
-    """Create the limit (1 slot) when it is missing; whether another run holds it now."""
+def ensure_output_limit(name: str, runs_dir: Path) -> None:
+    """Create the limit (1 slot) when it is missing."""
     with get_client(sync_client=True) as client:
         try:
-            return client.read_global_concurrency_limit_by_name(name).active_slots > 0
+            client.read_global_concurrency_limit_by_name(name)
+            return
         except ObjectNotFound:
             pass
         try:
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         except ObjectAlreadyExists:
-            return client.read_global_concurrency_limit_by_name(name).active_slots > 0
+            return
     get_run_logger().info("created the concurrency limit %s (1 run at a time) for %s", name, runs_dir)
-    return False
+
+
+def slot_is_taken(error: ConcurrencySlotAcquisitionError) -> bool:
+    """Whether a single attempt to take the slot failed because another run holds it (423 Locked)."""
+    cause = error.__cause__
+    return isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == LOCKED
 
 
 @contextlib.contextmanager
 def one_deployment_run_per_output(runs_dir: Path) -> Iterator[None]:
-    """Deployment runs writing into `runs_dir` run one at a time (collision strategy: enqueue)."""
+    """Deployment runs writing into `runs_dir` run one at a time (collision strategy: enqueue).
+
+    One attempt first, so that a run that has to wait always says so (checking the slot before
+    waiting for it would miss a run that takes it in between).
+    """
     if not driven_by_deployment():
         yield
         return
     name = output_limit_name(runs_dir)
-    if ensure_output_limit(name, runs_dir):
+    ensure_output_limit(name, runs_dir)
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(
+            concurrency(name, occupy=1, lease_duration=OUTPUT_LEASE_S, strict=True, max_retries=0)
+        )
+    except ConcurrencySlotAcquisitionError as error:
+        if not slot_is_taken(error):
+            raise
         progress_log.warning(
             "another train or nightly run writes into %s; waiting for it to finish (concurrency limit %s)",
             runs_dir,
             name,
         )
-    with concurrency(name, occupy=1, lease_duration=OUTPUT_LEASE_S, strict=True):
+        held.enter_context(concurrency(name, occupy=1, lease_duration=OUTPUT_LEASE_S, strict=True))
+    with held:
         yield
 
 

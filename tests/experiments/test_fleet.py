@@ -42,7 +42,8 @@ class MachineAgent:
 
     name = "machine-agent"
 
-    def __init__(self) -> None:
+    def __init__(self, late_find_after: int = 3) -> None:
+        self.late_find_after = late_find_after  # the other machine's turns the find waits for
         self.lock = threading.Lock()
         self.fast_values = iter(f"{0.004 - 0.0001 * i:.4f}" for i in range(1, 100))
         self.slow_turns = 0
@@ -75,7 +76,7 @@ class MachineAgent:
             else:
                 first, value = False, next(self.fast_values)
         if first:  # the find comes late: the fast machine has moved on from the baseline by then
-            self.wait_for_fast_turns(3)
+            self.wait_for_fast_turns(self.late_find_after)
         edit_train(workspace, LEARNING_RATE=value, SLEEP_S="0.2")
         return AgentOutcome(f"LEARNING_RATE -> {value}", log=f"{machine}: {value}\n")
 
@@ -188,10 +189,10 @@ def test_resume_reopens_every_machine_and_completes(tmp_path: Path, tiny_corpus_
     runner, workspace = fleet_runner(
         tmp_path, tiny_corpus_dir, local_machines("slow", "fast"), max_experiments=3
     )
-    runner.agent = MachineAgent()
+    runner.agent = MachineAgent(late_find_after=0)  # 3 experiments: the fast machine never takes 3 turns
     asyncio.run(runner.run_experiments(workspace))  # type: ignore[arg-type]
     assert runner.run_id is not None
-    resumed, hub = Runner.resume(runner.run_id, tmp_path / "runs", agent=MachineAgent())
+    resumed, hub = Runner.resume(runner.run_id, tmp_path / "runs", agent=MachineAgent(late_find_after=0))
     assert [m.name for m in resumed.machines] == ["slow", "fast"]
     results = asyncio.run(resumed.run_experiments(hub, max_experiments=6))
     assert len(results) == 6 and sorted(r.experiment_id for r in results) == list(range(6))
@@ -208,7 +209,8 @@ def batch_main(output_dir: str, run_id: str, machine: str) -> None:
     """A worker's side of a run (what the `experiments-on-machine` flow does): one machine's batch."""
     from multiagenttrainer.training import PlainTrainSteps, run_machine_batch
 
-    run_machine_batch(run_id, Path(output_dir), machine, PlainTrainSteps(), agent=MachineAgent())
+    agent = MachineAgent(late_find_after=0)  # a process of its own: it never sees the other machine's turns
+    run_machine_batch(run_id, Path(output_dir), machine, PlainTrainSteps(), agent=agent)
 
 
 def batches_in_processes(fleet: Fleet, step: object) -> None:

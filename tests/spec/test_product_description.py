@@ -339,8 +339,9 @@ def test_open_source_fine_tuning_commands(
     qlora = run_mat(["finetune", "start"], as_written, env)
     assert qlora.returncode == 2 and "CUDA" in qlora.stderr  # use_4bit: "requires bitsandbytes + CUDA"
 
-    # The same on this CPU machine: QLoRA off, and sequences the tiny model can hold.
-    cpu = {**model, "use_4bit": False, "max_length": 32}
+    # The same on this CPU machine: QLoRA off, sequences the tiny model can hold, and 20 steps of the
+    # three epochs (about 1,200 steps of batch 4 on this corpus: two minutes that test nothing more).
+    cpu = {**model, "use_4bit": False, "max_length": 32, "max_steps": 20}
     work = finetune_dir(stand_ins, tmp_path / "lora", example("finetune-opensource.yaml"), opensource=cpu)
     plain_text = str(work / "corpus" / "corpus.txt")  # "/path/to/corpus.txt"
     for args in (

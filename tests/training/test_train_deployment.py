@@ -226,11 +226,12 @@ def test_train_and_nightly_deployment_runs_on_one_output_do_not_overlap(
 ) -> None:
     gate = tmp_path / "gate"  # the agent of whichever run goes first waits for it: the runs overlap
     agent = f"{sys.executable} {AGENTS / 'wait_for_gate.py'} {gate}"
-    config = write_config(tmp_path, tiny_source, training={"max_experiments": 1, "agent_command": agent})
+    # two experiments each: the baseline, then one the agent is asked for (and holds until the gate opens)
+    config = write_config(tmp_path, tiny_source, training={"max_experiments": 2, "agent_command": agent})
     started = [
         run_deployment("train/train", parameters={"config_path": str(config), "name": "daytime"}, timeout=0),
         run_deployment(
-            "nightly/nightly", parameters={"config_path": str(config), "max_experiments": 1}, timeout=0
+            "nightly/nightly", parameters={"config_path": str(config), "max_experiments": 2}, timeout=0
         ),
     ]
     runs_dir = (tmp_path / "runs").resolve()

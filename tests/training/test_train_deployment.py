@@ -24,6 +24,7 @@ from uuid import UUID
 import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterName
+from prefect.client.schemas.sorting import LogSort
 from prefect.deployments import run_deployment
 
 from deployments.register import register_deployments
@@ -239,7 +240,9 @@ def test_train_and_nightly_deployment_runs_on_one_output_do_not_overlap(
 
     def one_is_waiting() -> bool:
         with get_client(sync_client=True) as client:
-            logs = client.read_logs(LogFilter(name=LogFilterName(any_=[PROGRESS_LOGGER])), limit=200)
+            logs = client.read_logs(  # the newest: the session's earlier runs logged hundreds of lines
+                LogFilter(name=LogFilterName(any_=[PROGRESS_LOGGER])), limit=200, sort=LogSort.TIMESTAMP_DESC
+            )
         waiting[:] = [
             log for log in logs if f"writes into {runs_dir}; waiting for it to finish" in log.message
         ]

@@ -73,6 +73,7 @@ def build_corpus(
         stats = CorpusStats(plan, snapshots)
         processes = choose_workers(plan, workers)
         with Assembly(paths, options.dedupe) as assembly:
+            assembly.reserve(*expected_output_bytes(plan))
             jobs = list(make_jobs(plan, options, chunk_bytes))
             run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
             with closing(run) as placed:  # on any error, workers stop before the work directory goes
@@ -91,6 +92,13 @@ def build_corpus(
             assembly.commit(summary)
         progress.corpus_finished(False)
         return summary
+
+
+def expected_output_bytes(plan: CorpusPlan) -> tuple[int, int]:
+    """Generous estimates of corpus.txt and corpus.jsonl from the plan (a header line per file;
+    JSON escapes and fields), for reserving disk blocks; what is not used is given back."""
+    planned, files = plan.planned_bytes(), plan.files()
+    return planned + 128 * files, planned + planned // 4 + 256 * files
 
 
 @contextmanager

@@ -12,10 +12,11 @@ import orjson
 import pytest
 
 from multiagenttrainer.config import CorpusConfig
-from multiagenttrainer.corpus import build_corpus
+from multiagenttrainer.corpus import accel, build_corpus
+from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.progress import NullProgress
-from tests.corpus.conftest import dir_snapshot, read_jsonl
+from tests.corpus.conftest import dir_snapshot, native_code, read_jsonl
 
 Build = Callable[..., dict[str, Any]]
 MakeTree = Callable[..., Path]
@@ -278,3 +279,37 @@ def test_an_empty_build_writes_empty_files(tmp_path: Path) -> None:
     assert stats["files"] == 0
     assert (tmp_path / "c" / "corpus.txt").read_bytes() == b""
     assert (tmp_path / "c" / "corpus.jsonl").read_bytes() == b""
+
+
+def allocated_bytes(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_disk_blocks_reserved_for_the_outputs_are_given_back_and_change_nothing(
+    make_tree: MakeTree, build: Build, tmp_path: Path
+) -> None:
+    """The build reserves blocks for its expected output sizes (native code); the corpus is the same
+    as without, and the files hold no more blocks than their sizes need."""
+    root = make_tree({f"d{i % 5}/f{i:03d}.py": f"x = {i}\n" * (50 + i) for i in range(120)})
+    with native_code(True):
+        assert accel.encoder() is not None
+        build([dir_snapshot(root)], out=tmp_path / "native", workers=2, chunk_bytes=4096)
+    with native_code(False):
+        build([dir_snapshot(root)], out=tmp_path / "python")
+    for name in ("corpus.txt", "corpus.jsonl"):
+        written = tmp_path / "native" / name
+        assert written.read_bytes() == (tmp_path / "python" / name).read_bytes()
+        assert allocated_bytes(written) < written.stat().st_size + (64 << 10)
+
+
+def test_reserved_blocks_leave_the_sizes_alone_and_go_with_an_unfinished_build(tmp_path: Path) -> None:
+    paths = CorpusPaths.beside(tmp_path / "c" / "corpus.txt")
+    with native_code(True), Assembly(paths, dedupe=True) as assembly:
+        reserved = assembly.reserve(4 << 20, 4 << 20)
+        work = Path(assembly.txt_path).parent
+        for name in ("corpus.txt", "corpus.jsonl"):
+            assert (work / name).stat().st_size == 0
+            assert (allocated_bytes(work / name) >= 4 << 20) is reserved
+    assert not work.exists()  # not committed: the work directory and its blocks are gone
+    with native_code(False), Assembly(paths, dedupe=True) as assembly:
+        assert assembly.reserve(4 << 20, 4 << 20) is False  # without the native code: never

@@ -16,6 +16,7 @@
  *   escape(data) -> bytes | None                    the JSON body of valid UTF-8, else None
  *   git_blob_sha(data) -> bytes                      SHA-1 of "blob <len>\0" + data
  *   encode_dir_items(...) -> bytes read              see chunks.py
+ *   reserve_blocks(fd, length) -> bool               disk blocks for an output file, its size unchanged
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,6 +28,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #ifdef __linux__
+#include <linux/falloc.h>
 #include <linux/openat2.h>
 #endif
 
@@ -857,6 +859,27 @@ static PyObject *retain_freed_memory(PyObject *self, PyObject *unused) {
 #endif
 }
 
+/* Reserve disk blocks for the first `length` bytes of an output file without changing its size
+ * (fallocate with FALLOC_FL_KEEP_SIZE): writing into reserved blocks costs the kernel less than its
+ * delayed allocation does. False where the file system or the platform cannot. */
+static PyObject *reserve_blocks(PyObject *self, PyObject *args) {
+    int fd;
+    long long length;
+    if (!PyArg_ParseTuple(args, "iL:reserve_blocks", &fd, &length)) return NULL;
+#if defined(__linux__) && defined(FALLOC_FL_KEEP_SIZE)
+    int done = 0;
+    if (length > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        done = fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)length) == 0;
+        Py_END_ALLOW_THREADS
+    }
+    return PyBool_FromLong(done);
+#else
+    (void)fd;
+    Py_RETURN_FALSE;
+#endif
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -870,6 +893,8 @@ static PyMethodDef methods[] = {
     {"retain_freed_memory", retain_freed_memory, METH_NOARGS,
      "Keep freed memory in this process (glibc): for short-lived worker processes."},
     {"git_blob_sha", git_blob_sha, METH_O, "git_blob_sha(data) -> the 20-byte SHA-1 git gives data as a blob"},
+    {"reserve_blocks", reserve_blocks, METH_VARARGS,
+     "reserve_blocks(fd, length) -> bool: disk blocks for the file's first length bytes, its size unchanged"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,13 +13,12 @@ byte-identical corpus files for any number of workers, with or without the nativ
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import accel
 from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
 from multiagenttrainer.corpus.chunks import ChunkJob, ChunkSettings
+from multiagenttrainer.corpus.collector import garbage_collection_paused
 from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
 from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
 from multiagenttrainer.corpus.secrets import RULESET_DIGEST
@@ -99,19 +99,6 @@ def expected_output_bytes(plan: CorpusPlan) -> tuple[int, int]:
     JSON escapes and fields), for reserving disk blocks; what is not used is given back."""
     planned, files = plan.planned_bytes(), plan.files()
     return planned + 128 * files, planned + planned // 4 + 256 * files
-
-
-@contextmanager
-def garbage_collection_paused() -> Iterator[None]:
-    """No cyclic garbage collection while the build makes its many small objects (and in the workers
-    forked meanwhile): none of them form cycles, and a collection would visit them all, over and over."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def corpus_fingerprint(snapshots: list[Snapshot], options: CorpusConfig, paths: CorpusPaths) -> str:

@@ -45,7 +45,8 @@ from itertools import repeat
 from pathlib import Path
 from typing import NamedTuple
 
-from multiagenttrainer.corpus import listing_cache
+from multiagenttrainer.corpus import accel, listing_cache
+from multiagenttrainer.corpus.collector import garbage_collection_paused
 from multiagenttrainer.corpus.filters import CACHE_DIRS, VCS_DIRS
 from multiagenttrainer.corpus.gitview import GitRunner, GitView, git_runner
 from multiagenttrainer.corpus.ignore import PathSelector
@@ -276,14 +277,22 @@ class _Listing:
         pruned = b"\0"  # the VCS or cache directory being passed over (a key no entry starts with)
         top = os.path.join(self.top, "")
         current = b""  # opened[-1]
-        for index, (key, kind, size, mtime_ns) in enumerate(entries):
+        native = accel.stat_module()
+        index = 0
+        while index < len(entries):
+            if native is not None:  # the files of the open directory, natively
+                index = native.file_events(entries, index, current, top, WalkEvent, events)
+                if index == len(entries):
+                    break
+            key, kind, size, mtime_ns = entries[index]
+            index += 1
             if kind == FILE and key.startswith(current) and key.find(b"/", len(current)) < 0:
                 rel = key.decode(ENCODING, ERRORS)  # a file in the open directory: the usual case
                 add(new(WalkEvent, ("file", rel, top + rel, size, mtime_ns, "", False)))
                 continue
             if key.startswith(pruned):
                 continue
-            if kind == IGNORED_DIR and index + 1 < len(entries) and entries[index + 1][0].startswith(key):
+            if kind == IGNORED_DIR and index < len(entries) and entries[index][0].startswith(key):
                 kind = DIR  # ignored, but with tracked files below: entered for those
             end = len(key) - 1 if kind >= IGNORED_DIR else len(key)  # a directory's key ends with "/"
             parent = key[: key.rfind(b"/", 0, end) + 1]
@@ -361,7 +370,11 @@ def list_directory(
     directory, a snapshot of the walk is stored there for `directory_fingerprint`.
     """
     top = walk_root(root)
-    with listing_cache.snapshot_writer(cache_dir, top, selector, salt) as snapshot, git_runner() as git:
+    with (
+        garbage_collection_paused(),
+        listing_cache.snapshot_writer(cache_dir, top, selector, salt) as snapshot,
+        git_runner() as git,
+    ):
         records = Records() if snapshot is not None else None
         events = _walk(top, git, records)
         listing = DirListing(top, events, files_fingerprint(events, selector, salt))
@@ -376,6 +389,11 @@ def list_directory(
 def files_fingerprint(events: list[WalkEvent], selector: PathSelector | None, salt: str) -> str:
     """SHA-1 of the salt, then `rel NUL size NUL mtime_ns LF` per selected file."""
     digest = hashlib.sha1(salt.encode())
+    native = accel.stat_module()
+    text = native.fingerprint_lines(events) if native is not None and not selector else None
+    if text is not None:
+        digest.update(text)
+        return digest.hexdigest()
     lines = (
         f"{event.rel}\0{event.size}\0{event.mtime_ns}\n"
         for event in events

@@ -289,6 +289,24 @@ def test_where_dulwich_and_git_disagreed_every_path_follows_git(
     assert kept == git_keeps == git_listing(root, tmp_path) - {".gitignore"}
 
 
+def test_the_native_fingerprint_text_is_pythons_for_any_numbers_and_names() -> None:
+    events = [
+        WalkEvent("file", "a.py", "/t/a.py", 5, -1_000_000_007),  # a file from before 1970
+        WalkEvent("dir", "d"),
+        WalkEvent("file", "d/caf\udcc3.py", "/t/d/caf\udcc3.py", 0, 2**63 - 1),  # undecodable byte
+        WalkEvent("skip", "x.log", reason="ignored"),
+        WalkEvent("".join(["fi", "le"]), "d/\u20ac.py", "/t/d/\u20ac.py", 1, 2),  # equal to "file", not it
+    ]
+    huge = [*events, WalkEvent("file", "h", "/t/h", 2**70, 0)]  # beyond 64 bits: the Python loop's answer
+    for listed in (events, huge):
+        with native_code(True):
+            native = walk.files_fingerprint(listed, None, "salt")
+        with native_code(False):
+            assert native == walk.files_fingerprint(listed, None, "salt")
+    assert _statfields.fingerprint_lines(huge) is None
+    assert _statfields.fingerprint_lines(events).count(b"\n") == 3
+
+
 def test_the_native_and_python_stat_loops_give_the_same_bytes(tmp_path: Path) -> None:
     root = write_tree(tmp_path / "t", {"a.txt": "abc", "d/b.txt": "", ".gitignore": "x\n"})
     os.symlink(root / "a.txt", root / "link")

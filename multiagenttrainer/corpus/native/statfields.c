@@ -1,4 +1,4 @@
-/* multiagenttrainer.corpus._statfields: the stat loop of directory listings and their snapshots.
+/* multiagenttrainer.corpus._statfields: the per-entry loops of directory listings and their snapshots.
  *
  *   stat_fields(top, modes, paths) -> bytes
  *
@@ -11,6 +11,19 @@
  * which files a walk lists: that is git's answer (gitview.py).
  *
  * The stats run without the GIL, split over up to MAX_THREADS threads (the calling one included).
+ *
+ *   file_events(entries, start, current, top, event_type, events) -> index
+ *
+ * The usual case of walk._Listing.events, the files of the directory open at the moment: from
+ * entries[start] on, each (key, FILE, size, mtime_ns) whose key lies directly in the directory key
+ * `current` is appended to `events` as event_type(("file", rel, top + rel, size, mtime_ns, "", False)),
+ * rel being the key decoded as os.fsdecode does; returns the index of the first entry that is not such a
+ * file (walk.py handles it). The Python loop there is the reference; tests compare both.
+ *
+ *   fingerprint_lines(events) -> bytes
+ *
+ * walk.files_fingerprint's text without a selector: `rel NUL size NUL mtime_ns LF` for each event whose
+ * kind is "file", rel encoded as UTF-8 with surrogateescape.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -138,9 +151,157 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ file_events */
+
+static PyObject *FILE_KIND, *EMPTY; /* "file" and "" */
+
+/* A WalkEvent (a tuple subclass) for a file: built as tuple.__new__(event_type, fields) would. */
+static PyObject *file_event(PyTypeObject *event_type, PyObject *rel, PyObject *top, PyObject *size, PyObject *mtime) {
+    PyObject *path = PyUnicode_Concat(top, rel);
+    if (!path) return NULL;
+    PyObject *event = event_type->tp_alloc(event_type, 7);
+    if (!event) {
+        Py_DECREF(path);
+        return NULL;
+    }
+    PyObject *fields[7] = {FILE_KIND, rel, path, size, mtime, EMPTY, Py_False};
+    for (int i = 0; i < 7; i++) PyTuple_SET_ITEM(event, i, i == 2 ? path : Py_NewRef(fields[i]));
+    return event;
+}
+
+static PyObject *file_events(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *entries, *current, *top, *events;
+    Py_ssize_t index;
+    PyTypeObject *event_type;
+    if (!PyArg_ParseTuple(args, "O!nSUO!O!:file_events", &PyList_Type, &entries, &index, &current, &top,
+                          &PyType_Type, &event_type, &PyList_Type, &events))
+        return NULL;
+    if (!PyType_IsSubtype(event_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "event_type must be a tuple type");
+        return NULL;
+    }
+    const char *open_dir = PyBytes_AS_STRING(current);
+    Py_ssize_t open_len = PyBytes_GET_SIZE(current);
+    for (; index >= 0 && index < PyList_GET_SIZE(entries); index++) {
+        PyObject *entry = PyList_GET_ITEM(entries, index);
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 4) break;
+        PyObject *key = PyTuple_GET_ITEM(entry, 0), *kind = PyTuple_GET_ITEM(entry, 1);
+        if (!PyBytes_Check(key) || !PyLong_Check(kind)) break;
+        int overflow;
+        if (PyLong_AsLongAndOverflow(kind, &overflow) != 0 || overflow) break; /* FILE is 0 */
+        const char *name = PyBytes_AS_STRING(key);
+        Py_ssize_t len = PyBytes_GET_SIZE(key);
+        if (len < open_len || memcmp(name, open_dir, (size_t)open_len) != 0 ||
+            memchr(name + open_len, '/', (size_t)(len - open_len)) != NULL)
+            break;
+        PyObject *rel = PyUnicode_DecodeFSDefaultAndSize(name, len);
+        if (!rel) return NULL;
+        PyObject *event = file_event(event_type, rel, top, PyTuple_GET_ITEM(entry, 2), PyTuple_GET_ITEM(entry, 3));
+        Py_DECREF(rel);
+        if (!event || PyList_Append(events, event) < 0) {
+            Py_XDECREF(event);
+            return NULL;
+        }
+        Py_DECREF(event);
+    }
+    return PyLong_FromSsize_t(index);
+}
+
+/* ------------------------------------------------------------------ fingerprint_lines */
+
+typedef struct {
+    char *data;
+    size_t len, capacity;
+} Text;
+
+static int text_append(Text *text, const char *bytes, size_t len) {
+    if (text->len + len > text->capacity) {
+        size_t wanted = text->capacity ? text->capacity * 2 : 1 << 16;
+        while (wanted < text->len + len) wanted *= 2;
+        char *moved = PyMem_Realloc(text->data, wanted);
+        if (!moved) return -1;
+        text->data = moved;
+        text->capacity = wanted;
+    }
+    memcpy(text->data + text->len, bytes, len);
+    text->len += len;
+    return 0;
+}
+
+/* str(number) of an int, as Python writes it; -1 when it does not fit in 64 bits (the caller falls back). */
+static int text_number(Text *text, PyObject *number) {
+    int overflow;
+    long long value = PyLong_Check(number) ? PyLong_AsLongLongAndOverflow(number, &overflow) : (overflow = 1, 0);
+    if (overflow || (value == -1 && PyErr_Occurred())) return -1;
+    char digits[24], *end = digits + sizeof digits, *at = end;
+    unsigned long long magnitude = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
+    do *--at = (char)('0' + magnitude % 10);
+    while ((magnitude /= 10) != 0);
+    if (value < 0) *--at = '-';
+    return text_append(text, at, (size_t)(end - at));
+}
+
+static PyObject *fingerprint_lines(PyObject *self, PyObject *arg) {
+    (void)self;
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "events must be a list");
+        return NULL;
+    }
+    Text text = {NULL, 0, 0};
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg); i++) {
+        PyObject *event = PyList_GET_ITEM(arg, i);
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) < 5) {
+            PyErr_SetString(PyExc_TypeError, "events must be walk events");
+            goto done;
+        }
+        PyObject *kind = PyTuple_GET_ITEM(event, 0), *rel = PyTuple_GET_ITEM(event, 1);
+        if (kind != FILE_KIND) {
+            int same = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, FILE_KIND) : 1;
+            if (same == -1 && PyErr_Occurred()) goto done;
+            if (same != 0) continue;
+        }
+        if (!PyUnicode_Check(rel)) {
+            PyErr_SetString(PyExc_TypeError, "a walk event's rel must be a str");
+            goto done;
+        }
+        PyObject *encoded = NULL;
+        const char *bytes;
+        Py_ssize_t len;
+        if (PyUnicode_IS_ASCII(rel)) {
+            bytes = (const char *)PyUnicode_DATA(rel);
+            len = PyUnicode_GET_LENGTH(rel);
+        } else {
+            if (!(encoded = PyUnicode_AsEncodedString(rel, "utf-8", "surrogateescape"))) goto done;
+            bytes = PyBytes_AS_STRING(encoded);
+            len = PyBytes_GET_SIZE(encoded);
+        }
+        int failed = text_append(&text, bytes, (size_t)len) < 0 || text_append(&text, "\0", 1) < 0;
+        Py_XDECREF(encoded);
+        if (failed) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (text_number(&text, PyTuple_GET_ITEM(event, 3)) < 0 || text_append(&text, "\0", 1) < 0 ||
+            text_number(&text, PyTuple_GET_ITEM(event, 4)) < 0 || text_append(&text, "\n", 1) < 0) {
+            if (!PyErr_Occurred()) result = Py_NewRef(Py_None); /* out of 64 bits: the Python loop decides */
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(text.data ? text.data : "", (Py_ssize_t)text.len);
+done:
+    PyMem_Free(text.data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"stat_fields", stat_fields, METH_VARARGS,
      "stat_fields(top, modes, paths) -> bytes: 40 bytes of stat fields per path (listing_cache.STAT)."},
+    {"file_events", file_events, METH_VARARGS,
+     "file_events(entries, start, current, top, event_type, events) -> index: walk events of the open directory's files."},
+    {"fingerprint_lines", fingerprint_lines, METH_O,
+     "fingerprint_lines(events) -> bytes | None: the fingerprint text of the file events (None: out of 64 bits)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -149,6 +310,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_statfields",
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__statfields(void) {
+    if (!FILE_KIND && !(FILE_KIND = PyUnicode_InternFromString("file"))) return NULL;
+    if (!EMPTY && !(EMPTY = PyUnicode_InternFromString(""))) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "FIELDS_BYTES", FIELDS_BYTES)) {
         Py_DECREF(m);

@@ -119,6 +119,20 @@ GENERATED_NAME = re.compile(
     r"|\.g\.dart|\.freezed\.dart|\.designer\.cs|\.generated\.\w+|_generated\.\w+|_string\.go)$"
 )
 MINIFIED_NAME = re.compile(r"[.-]min\.(js|mjs|cjs|css)$|\.(js|css)\.map$|\.bundle\.js$")
+# Every name GENERATED_NAME or MINIFIED_NAME matches holds one of these (a test checks it on names drawn
+# from both patterns): the native planner asks name_skip_reason only about names that hold one.
+NAME_HINTS = (
+    b"_pb",
+    b".pb.",
+    b".g.",
+    b".freezed.",
+    b".designer.",
+    b"generated",
+    b"_string.",
+    b"min.",
+    b".map",
+    b".bundle.",
+)
 PROSE_SUFFIXES = frozenset(
     {".md", ".markdown", ".rst", ".txt", ".adoc", ".asciidoc", ".org", ".tex", ".textile"}
 )

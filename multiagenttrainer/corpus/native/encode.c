@@ -17,6 +17,7 @@
  *   git_blob_sha(data) -> bytes                      SHA-1 of "blob <len>\0" + data
  *   encode_dir_items(...) -> bytes read              see chunks.py
  *   reserve_blocks(fd, length) -> bool               disk blocks for an output file, its size unchanged
+ *   plan_span(...) -> (items, files)                 plan.plan_files for a span of a directory listing
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -880,6 +881,161 @@ static PyObject *reserve_blocks(PyObject *self, PyObject *args) {
 #endif
 }
 
+/* ------------------------------------------------------------------ plan_span */
+
+/* plan.plan_files, the per-file loop of a span of a directory tree's walk events: which files to read
+ * (Items) and how many files the span has. The name rules are filters.name_skip_reason's: it is called
+ * for every name that is a lock file or holds one of `hints` (filters.NAME_HINTS: every name its
+ * patterns match holds one), and for every name that is not ASCII; other names pass them. Paths that
+ * are not plain ASCII on one line go through plan.display_path; the selector, when there is one, is
+ * asked of every file. The Python loop stays the reference; tests compare both. */
+static PyObject *KIND_FILE, *REASON_EMPTY, *REASON_TOO_LARGE, *REASON_EXCLUDED;
+
+static int ascii_name_has_hint(const char *name, Py_ssize_t len, PyObject *hints) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hints); i++) {
+        PyObject *hint = PyTuple_GET_ITEM(hints, i);
+        if (memmem(name, (size_t)len, PyBytes_AS_STRING(hint), (size_t)PyBytes_GET_SIZE(hint))) return 1;
+    }
+    return 0;
+}
+
+/* The reason the name rules leave this file out (new reference), Py_None, or NULL on error. */
+static PyObject *name_reason(PyObject *rel, PyObject *lock_files, PyObject *hints, PyObject *name_rule,
+                             PyObject *skip_generated) {
+    Py_ssize_t len = PyUnicode_GET_LENGTH(rel);
+    Py_ssize_t slash = PyUnicode_FindChar(rel, '/', 0, len, -1);
+    if (slash == -2) return NULL;
+    PyObject *name = PyUnicode_Substring(rel, slash + 1, len);
+    if (!name) return NULL;
+    int check = !PyUnicode_IS_ASCII(name);
+    if (!check) check = ascii_name_has_hint((const char *)PyUnicode_DATA(name), PyUnicode_GET_LENGTH(name), hints);
+    if (!check) check = PySet_Contains(lock_files, name);
+    PyObject *reason = check < 0 ? NULL
+                       : check   ? PyObject_CallFunctionObjArgs(name_rule, name, skip_generated, NULL)
+                                 : Py_NewRef(Py_None);
+    Py_DECREF(name);
+    return reason;
+}
+
+static int is_file_kind(PyObject *kind) {
+    if (kind == KIND_FILE) return 1;
+    if (!PyUnicode_Check(kind)) return 0;
+    int compared = PyUnicode_Compare(kind, KIND_FILE);
+    return compared == -1 && PyErr_Occurred() ? -1 : compared == 0;
+}
+
+/* The next pruned range (low, high) from the tuple, or (stop, stop) after the last. */
+static int next_pruned(PyObject *pruned, Py_ssize_t *at, Py_ssize_t stop, Py_ssize_t *low, Py_ssize_t *high) {
+    if (*at >= PyTuple_GET_SIZE(pruned)) {
+        *low = *high = stop;
+        return 0;
+    }
+    PyObject *range = PyTuple_GET_ITEM(pruned, (*at)++);
+    return PyArg_ParseTuple(range, "nn;pruned ranges are (low, high) pairs", low, high) ? 0 : -1;
+}
+
+static PyObject *plan_span(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"events", "start", "stop", "pruned", "tree", "limit", "skip_generated",
+                            "accepts", "lock_files", "hints", "name_rule", "display_path",
+                            "item_type", "on_skip", NULL};
+    PyObject *events, *pruned, *tree, *skip_generated, *accepts, *lock_files, *hints, *name_rule, *display, *on_skip;
+    Py_ssize_t start, stop;
+    long long limit;
+    PyTypeObject *item_type;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "$O!nnO!OLOOO!O!OOO!O", names, &PyList_Type, &events, &start,
+                                     &stop, &PyTuple_Type, &pruned, &tree, &limit, &skip_generated, &accepts,
+                                     &PyFrozenSet_Type, &lock_files, &PyTuple_Type, &hints, &name_rule, &display,
+                                     &PyType_Type, &item_type, &on_skip))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hints); i++)
+        if (!PyBytes_Check(PyTuple_GET_ITEM(hints, i))) return PyErr_Format(PyExc_TypeError, "hints must be bytes");
+    if (!PyType_IsSubtype(item_type, &PyTuple_Type)) return PyErr_Format(PyExc_TypeError, "item_type must be a tuple type");
+    if (start < 0 || stop > PyList_GET_SIZE(events) || start > stop) return PyErr_Format(PyExc_IndexError, "span out of range");
+    PyObject *items = PyList_New(0);
+    if (!items) return NULL;
+    Py_ssize_t files = 0, pruned_at = 0, low, high, position = start;
+    if (next_pruned(pruned, &pruned_at, stop, &low, &high) < 0) goto failed;
+    while (position < stop) {
+        if (position == low) { /* a vendored subtree: left out whole */
+            position = high;
+            if (next_pruned(pruned, &pruned_at, stop, &low, &high) < 0) goto failed;
+            continue;
+        }
+        PyObject *event = PyList_GET_ITEM(events, position++);
+        if (!PyTuple_Check(event) || PyTuple_GET_SIZE(event) < 4) {
+            PyErr_SetString(PyExc_TypeError, "events must be walk events");
+            goto failed;
+        }
+        int is_file = is_file_kind(PyTuple_GET_ITEM(event, 0));
+        if (is_file < 0) goto failed;
+        if (!is_file) continue;
+        files++;
+        PyObject *rel = PyTuple_GET_ITEM(event, 1), *ref = PyTuple_GET_ITEM(event, 2), *size = PyTuple_GET_ITEM(event, 3);
+        if (!PyUnicode_Check(rel) || !PyLong_Check(size)) {
+            PyErr_SetString(PyExc_TypeError, "a file event's rel must be a str and its size an int");
+            goto failed;
+        }
+        PyObject *reason = name_reason(rel, lock_files, hints, name_rule, skip_generated);
+        if (!reason) goto failed;
+        if (reason == Py_None) {
+            int overflow;
+            long long bytes = PyLong_AsLongLongAndOverflow(size, &overflow);
+            if (bytes == -1 && PyErr_Occurred()) {
+                Py_DECREF(reason);
+                goto failed;
+            }
+            if (overflow == 0 && bytes == 0) reason = Py_NewRef(REASON_EMPTY);
+            else if (overflow > 0 || bytes > limit) reason = Py_NewRef(REASON_TOO_LARGE);
+            if (reason != Py_None) Py_DECREF(Py_None);
+        }
+        if (reason == Py_None && accepts != Py_None) {
+            PyObject *accepted = PyObject_CallOneArg(accepts, rel);
+            int yes = accepted ? PyObject_IsTrue(accepted) : -1;
+            Py_XDECREF(accepted);
+            if (yes < 0) {
+                Py_DECREF(reason);
+                goto failed;
+            }
+            if (!yes) {
+                Py_DECREF(reason);
+                reason = Py_NewRef(REASON_EXCLUDED);
+            }
+        }
+        if (reason != Py_None) {
+            PyObject *done = PyObject_CallFunctionObjArgs(on_skip, reason, Py_False, NULL);
+            Py_DECREF(reason);
+            if (!done) goto failed;
+            Py_DECREF(done);
+            continue;
+        }
+        Py_DECREF(reason);
+        int plain = PyUnicode_IS_ASCII(rel);
+        if (plain) {
+            const char *text = (const char *)PyUnicode_DATA(rel);
+            Py_ssize_t len = PyUnicode_GET_LENGTH(rel);
+            plain = !memchr(text, '\n', (size_t)len) && !memchr(text, '\r', (size_t)len);
+        }
+        PyObject *path = plain ? Py_NewRef(rel) : PyObject_CallOneArg(display, rel);
+        if (!path) goto failed;
+        PyObject *item = item_type->tp_alloc(item_type, 4);
+        if (!item) {
+            Py_DECREF(path);
+            goto failed;
+        }
+        PyTuple_SET_ITEM(item, 0, Py_NewRef(tree));
+        PyTuple_SET_ITEM(item, 1, path);
+        PyTuple_SET_ITEM(item, 2, Py_NewRef(ref));
+        PyTuple_SET_ITEM(item, 3, Py_NewRef(size));
+        int appended = PyList_Append(items, item);
+        Py_DECREF(item);
+        if (appended < 0) goto failed;
+    }
+    return Py_BuildValue("(Nn)", items, files);
+failed:
+    Py_DECREF(items);
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -893,6 +1049,9 @@ static PyMethodDef methods[] = {
     {"retain_freed_memory", retain_freed_memory, METH_NOARGS,
      "Keep freed memory in this process (glibc): for short-lived worker processes."},
     {"git_blob_sha", git_blob_sha, METH_O, "git_blob_sha(data) -> the 20-byte SHA-1 git gives data as a blob"},
+    {"plan_span", (PyCFunction)(void (*)(void))plan_span, METH_VARARGS | METH_KEYWORDS,
+     "plan_span(*, events, start, stop, pruned, tree, limit, skip_generated, accepts, lock_files, hints, "
+     "name_rule, display_path, item_type, on_skip) -> (items, files): plan.plan_files natively."},
     {"reserve_blocks", reserve_blocks, METH_VARARGS,
      "reserve_blocks(fd, length) -> bool: disk blocks for the file's first length bytes, its size unchanged"},
     {NULL, NULL, 0, NULL},
@@ -906,6 +1065,11 @@ PyMODINIT_FUNC PyInit__encode(void) {
     init_escapes();
     init_spread();
     DUPLICATE = PyUnicode_InternFromString("duplicate");
+    KIND_FILE = PyUnicode_InternFromString("file");
+    REASON_EMPTY = PyUnicode_InternFromString("empty");
+    REASON_TOO_LARGE = PyUnicode_InternFromString("too_large");
+    REASON_EXCLUDED = PyUnicode_InternFromString("excluded");
+    if (!KIND_FILE || !REASON_EMPTY || !REASON_TOO_LARGE || !REASON_EXCLUDED) return NULL;
     FIND_MATCHES = PyUnicode_InternFromString("find_matches_as_indexes");
     if (!DUPLICATE || !FIND_MATCHES) return NULL;
     if (!sha1_fetch()) return PyErr_Format(PyExc_ImportError, "OpenSSL has no SHA-1");

@@ -10,14 +10,18 @@ finds the files it describes.
 Where the native code is built and the disk has room to spare, disk blocks for the expected sizes
 are reserved up front (`reserve`): writing into reserved blocks costs the kernel about a third less
 than its delayed allocation, a tenth of a whole build. The files' sizes are only ever what was
-written; blocks reserved past the end are given back at commit.
+written; blocks reserved past the end are given back at commit. A build holds a lock on its work
+directory; the next build in that directory removes work directories whose build is gone (killed),
+so a killed build's reserved blocks do not stay taken.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from itertools import compress
 from pathlib import Path
@@ -49,6 +53,37 @@ class CorpusPaths:
         return {"txt": str(self.txt), "jsonl": str(self.jsonl), "stats": str(self.stats)}
 
 
+WORK_PREFIX = ".corpus-build-"
+ABANDONED_AFTER_S = 60  # a younger work directory may belong to a build that has not locked it yet
+
+
+def lock_directory(directory: Path, blocking: bool) -> int:
+    """A descriptor of directory holding an exclusive lock on it (BlockingIOError when taken and not
+    blocking); closing the descriptor, or the end of every process holding it, releases the lock."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_abandoned_builds(directory: Path) -> None:
+    """Remove the work directories of builds that are gone (killed): unlocked and over a minute old."""
+    for work in directory.glob(WORK_PREFIX + "*"):
+        try:
+            if time.time() - work.lstat().st_mtime < ABANDONED_AFTER_S:
+                continue
+            fd = lock_directory(work, blocking=False)
+        except OSError:  # in use (locked), gone meanwhile, or not a directory: left alone
+            continue
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 class Assembly:
     """One build's output in progress; a context manager that removes its work directory."""
 
@@ -59,7 +94,9 @@ class Assembly:
         self.sizes = {"txt": 0, "jsonl": 0}
         try:
             paths.txt.parent.mkdir(parents=True, exist_ok=True)
-            self.work = Path(tempfile.mkdtemp(prefix=".corpus-build-", dir=paths.txt.parent))
+            remove_abandoned_builds(paths.txt.parent)
+            self.work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=paths.txt.parent))
+            self.owner = lock_directory(self.work, blocking=True)
         except OSError as exc:
             raise CorpusError(
                 f"cannot write the corpus to {paths.txt.parent}: {exc.strerror}; "
@@ -93,6 +130,7 @@ class Assembly:
     ) -> None:
         self.close()
         shutil.rmtree(self.work, ignore_errors=True)
+        os.close(self.owner)  # the lock goes last: nobody removes the directory while it is being removed
 
     def place(self, result: ChunkResult) -> Placement:
         """Decide which of the next chunk's records are kept, and reserve their bytes in both files."""

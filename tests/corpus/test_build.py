@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import accel, build_corpus
-from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths
+from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths, lock_directory
 from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.progress import NullProgress
 from tests.corpus.conftest import dir_snapshot, native_code, read_jsonl
@@ -313,3 +314,26 @@ def test_reserved_blocks_leave_the_sizes_alone_and_go_with_an_unfinished_build(t
     assert not work.exists()  # not committed: the work directory and its blocks are gone
     with native_code(False), Assembly(paths, dedupe=True) as assembly:
         assert assembly.reserve(4 << 20, 4 << 20) is False  # without the native code: never
+
+
+def test_work_directories_of_killed_builds_are_removed_by_the_next_build(
+    make_tree: MakeTree, build: Build, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    abandoned, running, young = (out / f".corpus-build-{name}" for name in ("killed", "running", "young"))
+    for work in (abandoned, running, young):
+        work.mkdir()
+        (work / "corpus.jsonl").write_bytes(b"x" * 1000)
+    for work in (abandoned, running):
+        os.utime(work, (time.time() - 3600, time.time() - 3600))
+    held = lock_directory(running, blocking=True)  # a build still at work holds its directory's lock
+    try:
+        build([dir_snapshot(make_tree({"a.py": "a = 1\n"}))], out=out)
+        assert not abandoned.exists()
+        assert running.exists() and young.exists()  # in use, or too new to tell
+    finally:
+        os.close(held)
+    assert sorted(path.name for path in out.iterdir()) == sorted(
+        ["corpus.jsonl", "corpus.txt", "stats.json", running.name, young.name]
+    )

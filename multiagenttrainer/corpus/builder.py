@@ -35,6 +35,7 @@ from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
 from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
 from multiagenttrainer.corpus.secrets import RULESET_DIGEST
 from multiagenttrainer.corpus.stats import CorpusStats
+from multiagenttrainer.errors import CorpusError
 from multiagenttrainer.progress import IngestProgress, NullProgress
 from multiagenttrainer.snapshot import Snapshot
 
@@ -76,20 +77,25 @@ def build_corpus(
             assembly.reserve(*expected_output_bytes(plan))
             jobs = list(make_jobs(plan, options, chunk_bytes))
             run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
-            with closing(run) as placed:  # on any error, workers stop before the work directory goes
-                for result, placement in placed:
+            with closing(run) as steps:  # workers stop before the work directory goes, on any error too
+                for step in steps:
+                    if step is None:  # every chunk is written: in place, then the workers are waited for
+                        break
+                    result, placement = step
                     stats.add_chunk(result, placement.keep)
                     progress.corpus_advanced(result.files, result.bytes_read)
-            summary = stats.summary(
-                fingerprint=fingerprint,
-                format=CORPUS_FORMAT,
-                paths=paths.as_dict(),
-                output_bytes=dict(assembly.sizes),
-                workers=processes,
-                native=accel.encoder() is not None,
-                build_seconds=round(time.perf_counter() - started, 3),
-            )
-            assembly.commit(summary)
+                else:
+                    raise CorpusError("the corpus run ended before every chunk was written")
+                summary = stats.summary(
+                    fingerprint=fingerprint,
+                    format=CORPUS_FORMAT,
+                    paths=paths.as_dict(),
+                    output_bytes=dict(assembly.sizes),
+                    workers=processes,
+                    native=accel.encoder() is not None,
+                    build_seconds=round(time.perf_counter() - started, 3),
+                )
+                assembly.commit(summary)
         progress.corpus_finished(False)
         return summary
 

@@ -1,7 +1,9 @@
 """Running chunk jobs: in this process, or in forked worker processes that write where they are told.
 
 Either way results come back in corpus order, each with its Placement (what survives dedupe
-across chunks, and at which offsets), so the output is the same byte for byte.
+across chunks, and at which offsets), so the output is the same byte for byte; then one None,
+when every chunk is written. Worker processes are stopped and waited for when the run is closed:
+the caller can put the outputs in place first (a worker's exit takes milliseconds).
 
 With workers, the parent keeps two jobs queued per worker, places each result as soon as every
 earlier chunk has reported, and sends the placement back; the worker writes that chunk's records
@@ -42,18 +44,20 @@ from multiagenttrainer.corpus.chunks import (
 from multiagenttrainer.errors import CorpusError
 
 Placed = tuple[ChunkResult, Placement]
+Step = Placed | None  # None: every chunk is written
 JOBS_PER_WORKER = 2
 LIVENESS_CHECK_S = 1.0
 STOP_TIMEOUT_S = 5.0
 
 
-def run_in_process(jobs: Iterable[ChunkJob], assembly: Assembly) -> Generator[Placed, None, None]:
+def run_in_process(jobs: Iterable[ChunkJob], assembly: Assembly) -> Generator[Step, None, None]:
     """Process, place and write each chunk here, one after another."""
     for job in jobs:
         output = run_chunk(job)
         placement = assembly.place(output.result)
         write_chunk(output, placement, assembly.txt_fd, assembly.jsonl_fd)
         yield output.result, placement
+    yield None
 
 
 def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl_path: str) -> None:
@@ -143,8 +147,9 @@ class Worker:
         self.conn.close()
 
 
-def run_in_workers(jobs: Sequence[ChunkJob], assembly: Assembly, count: int) -> Generator[Placed, None, None]:
-    """Process chunks in `count` forked workers; yield each result, placed, in corpus order.
+def run_in_workers(jobs: Sequence[ChunkJob], assembly: Assembly, count: int) -> Generator[Step, None, None]:
+    """Process chunks in `count` forked workers; yield each result, placed, in corpus order, then None
+    once every chunk is written. The workers are stopped and waited for when the run is closed.
 
     `jobs[i].index` must be i: workers receive indexes into the list they inherited.
     """
@@ -161,6 +166,7 @@ def run_in_workers(jobs: Sequence[ChunkJob], assembly: Assembly, count: int) -> 
         yield from _coordinate(iter(range(len(jobs))), workers, assembly)
         for worker in workers:  # the outputs are complete once every worker has written its chunks
             worker.finish()
+        yield None
     finally:
         for worker in workers:
             worker.stop()

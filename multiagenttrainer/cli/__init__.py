@@ -466,7 +466,7 @@ def project_dir() -> Path:
 
 def main() -> None:
     """Console-script entry point."""
-    from multiagenttrainer.cli.common import configure_console_logging
+    from multiagenttrainer.cli.common import configure_console_logging, print_error
     from multiagenttrainer.errors import disk_full_error, is_disk_full
 
     configure_console_logging()
@@ -478,7 +478,9 @@ def main() -> None:
     except OSError as exc:
         if not is_disk_full(exc):
             raise
-        fail(disk_full_error(exc, Path.cwd(), 0, "run the command again"))
+        full = disk_full_error(exc, Path.cwd(), 0, "run the command again")
+        print_error(full)  # outside the app, where typer's Exit would end in a traceback
+        sys.exit(full.exit_code)
     finally:
         skip_collection_at_exit()
 

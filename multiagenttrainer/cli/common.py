@@ -34,10 +34,15 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable
 
 def fail(error: MatError) -> NoReturn:
     """Print a MatError as red lines (no traceback) and exit with its code."""
+    print_error(error)
+    raise typer.Exit(error.exit_code)
+
+
+def print_error(error: MatError) -> None:
+    """A MatError as red `error:` lines on stderr."""
     lines = error.problems if isinstance(error, ConfigError) else [str(error)]
     for line in lines:
         warn(line, "error", "red")
-    raise typer.Exit(error.exit_code)
 
 
 def warn(line: str, label: str = "warning", style: str = "yellow") -> None:

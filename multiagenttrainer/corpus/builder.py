@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from multiagenttrainer.corpus.parallel import run_in_process, run_in_workers
 from multiagenttrainer.corpus.plan import CHUNK_BYTES, CorpusPlan, plan_corpus
 from multiagenttrainer.corpus.secrets import RULESET_DIGEST
 from multiagenttrainer.corpus.stats import CorpusStats
-from multiagenttrainer.errors import CorpusError
+from multiagenttrainer.errors import CorpusError, disk_full_error, is_disk_full
 from multiagenttrainer.progress import IngestProgress, NullProgress
 from multiagenttrainer.snapshot import Snapshot
 
@@ -73,7 +73,7 @@ def build_corpus(
         progress.corpus_started(plan.files())
         stats = CorpusStats(plan, snapshots)
         processes = choose_workers(plan, workers)
-        with Assembly(paths, options.dedupe) as assembly:
+        with disk_full_named(paths, plan), Assembly(paths, options.dedupe) as assembly:
             assembly.reserve(*expected_output_bytes(plan))
             jobs = list(make_jobs(plan, options, chunk_bytes))
             run = run_in_workers(jobs, assembly, processes) if processes else run_in_process(jobs, assembly)
@@ -98,6 +98,19 @@ def build_corpus(
                 assembly.commit(summary)
         progress.corpus_finished(False)
         return summary
+
+
+@contextmanager
+def disk_full_named(paths: CorpusPaths, plan: CorpusPlan) -> Iterator[None]:
+    """A full file system while the corpus is written becomes one DiskFullError naming the corpus
+    directory and the space the build needs (the old corpus, if any, is left as it was)."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        needed = sum(expected_output_bytes(plan))
+        raise disk_full_error(exc, paths.txt.parent, needed, "build the corpus again") from None
 
 
 def expected_output_bytes(plan: CorpusPlan) -> tuple[int, int]:

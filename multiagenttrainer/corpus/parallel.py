@@ -14,6 +14,7 @@ only the corpus code.
 Workers are forked after every job is made, so a job travels as its index into that list.
 Messages:  parent -> worker: ("job", index) | ("place", (index, Placement)) | ("stop", None)
            worker -> parent: ("report", ChunkResult) | ("done", None) | ("error", text)
+                             | ("disk_full", errno)
 Writes are not acknowledged one by one (each message wakes the other process, which costs real
 time on a busy machine): after the last placement the parent sends "stop" and waits for "done".
 Each message stays well under a socket buffer (chunks hold at most 1,000 files), so neither side
@@ -41,7 +42,7 @@ from multiagenttrainer.corpus.chunks import (
     run_chunk,
     write_chunk,
 )
-from multiagenttrainer.errors import CorpusError
+from multiagenttrainer.errors import CorpusError, is_disk_full
 
 Placed = tuple[ChunkResult, Placement]
 Step = Placed | None  # None: every chunk is written
@@ -83,9 +84,12 @@ def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl
                 return
     except (EOFError, KeyboardInterrupt):
         return  # the parent went away or is being interrupted
-    except Exception as exc:  # reported to the parent, which raises it as a CorpusError
+    except Exception as exc:  # reported to the parent, which raises a CorpusError (a full disk: itself)
         with suppress(OSError, ValueError):
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            if isinstance(exc, OSError) and is_disk_full(exc):
+                conn.send(("disk_full", exc.errno))
+            else:
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         os.close(txt_fd)
         os.close(jsonl_fd)
@@ -118,6 +122,8 @@ class Worker:
             raise CorpusError(self.death_notice()) from None
         if message[0] == "error":
             raise CorpusError(f"a corpus worker failed: {message[1]}")
+        if message[0] == "disk_full":
+            raise OSError(message[1], os.strerror(message[1]))
         return message
 
     def death_notice(self) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.disks import mounted_tmpfs
+
 ROOT = Path(__file__).resolve().parents[2]
 MAT = [sys.executable, "-m", "multiagenttrainer.cli"]
 PLANTED_KEY = "AKIA" + "QWERTYUIOPASDFGH"
@@ -204,3 +206,26 @@ def test_via_deployments_needs_machines_and_says_so_before_starting_anything(tmp
     assert result.returncode == 2
     assert "machines: --via-deployments runs each machine's batch as a flow run" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.integration
+def test_ingest_on_a_full_disk_says_so_in_one_line(prefect_api: str, tmp_path: Path) -> None:
+    source = tmp_path / "big"
+    for index in range(60):
+        (source / f"d{index % 3}").mkdir(parents=True, exist_ok=True)
+        (source / f"d{index % 3}" / f"f{index}.py").write_text(f"value = {index}  # {'y' * 70}\n" * 400)
+    with mounted_tmpfs(tmp_path / "disk", size="2m") as disk:
+        cfg = write_yaml(
+            tmp_path / "c.yaml",
+            {
+                "sources": [{"type": "local_repo", "path": str(source)}],
+                "corpus": {"dir": str(disk / "corpus"), "staging_dir": str(tmp_path / "staging")},
+            },
+        )
+        result = mat("ingest", "--config", str(cfg))
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, result.stderr
+        assert f"no space left on the device of {disk / 'corpus'} " in errors[0]
+        assert not list((disk / "corpus").glob(".corpus-build-*"))

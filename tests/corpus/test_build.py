@@ -15,9 +15,10 @@ import pytest
 from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import accel, build_corpus
 from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths, lock_directory
-from multiagenttrainer.errors import CorpusError
+from multiagenttrainer.errors import CorpusError, DiskFullError
 from multiagenttrainer.progress import NullProgress
 from tests.corpus.conftest import dir_snapshot, native_code, read_jsonl
+from tests.support.disks import mounted_tmpfs
 
 Build = Callable[..., dict[str, Any]]
 MakeTree = Callable[..., Path]
@@ -337,3 +338,21 @@ def test_work_directories_of_killed_builds_are_removed_by_the_next_build(
     assert sorted(path.name for path in out.iterdir()) == sorted(
         ["corpus.jsonl", "corpus.txt", "stats.json", running.name, young.name]
     )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_full_disk_is_one_error_naming_the_corpus_dir_and_the_old_corpus_stays(
+    make_tree: MakeTree, build: Build, tmp_path: Path, workers: int
+) -> None:
+    root = make_tree({f"d{i % 4}/f{i:03d}.py": f"v = {i}  # {'x' * 60}\n" * 300 for i in range(200)})
+    small = make_tree({"a.py": "a = 1\n"}, name="small")
+    with mounted_tmpfs(tmp_path / "disk", size="4m") as disk:
+        out = disk / "corpus"
+        build([dir_snapshot(small)], out=out)
+        before = {name: (out / name).read_bytes() for name in ("corpus.txt", "corpus.jsonl", "stats.json")}
+        with pytest.raises(DiskFullError) as raised:
+            build([dir_snapshot(root)], out=out, workers=workers, chunk_bytes=64 << 10)
+        message = str(raised.value)
+        assert f"no space left on the device of {out} " in message and "free at least" in message
+        assert {name: (out / name).read_bytes() for name in before} == before
+        assert not list(out.glob(".corpus-build-*"))  # the unfinished build and its blocks are gone

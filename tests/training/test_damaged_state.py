@@ -5,7 +5,6 @@ space is freed."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import pytest
 
 from multiagenttrainer.experiments.results import RESULTS_HEADER
 from multiagenttrainer.experiments.run_state import load_run
+from tests.support.disks import fill, mounted_tmpfs
 from tests.training.conftest import mat, only_run_dir, results_rows, write_config
 
 pytestmark = pytest.mark.integration
@@ -108,31 +108,8 @@ def test_a_run_json_naming_another_workspace_and_command_is_not_followed(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 48 MB tmpfs mounted by the test (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "disk") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill the file system of `directory` up to the last byte; the filler's path."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 4096, 512, 1):
-            try:
-                while os.write(fd, b"\0" * size) == size:
-                    pass
-            except OSError:
-                continue
-    finally:
-        os.close(fd)
-    return filler
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_resume_works_after(

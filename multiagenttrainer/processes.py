@@ -305,10 +305,27 @@ def stop_group(
     return session_members(pgid)
 
 
+def die_with_parent_hook(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A hook for a child to run before exec (None off Linux): the kernel sends it `sig` when the thread
+    that started it dies (PR_SET_PDEATHSIG). A parent killed between the fork and the hook's call is gone
+    before the kernel could be asked, so the child then ends itself instead of running its command."""
+    if not has_proc():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # looked up here: the child only makes the calls
+    parent = os.getpid()
+
+    def in_child() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # adopted already: nobody would send the signal
+            os._exit(128 + sig)
+
+    return in_child
+
+
 def contain(scope: Scope) -> Callable[[], None]:
     """What the child runs before exec: join the scope's cgroup, and die with the starting thread."""
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
-    libc = ctypes.CDLL(None, use_errno=True) if has_proc() else None
+    die_with_parent = die_with_parent_hook()
 
     def in_child() -> None:
         if procs is not None:
@@ -316,8 +333,8 @@ def contain(scope: Scope) -> Callable[[], None]:
                 fd = os.open(procs, os.O_WRONLY)
                 os.write(fd, b"0")  # "0" means the writing process itself
                 os.close(fd)
-        if libc is not None:
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if die_with_parent is not None:
+            die_with_parent()
 
     return in_child
 

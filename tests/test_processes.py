@@ -117,3 +117,36 @@ def test_a_live_owners_scopes_are_not_orphans(marker: str, tmp_path: Path) -> No
         assert processes.pid_alive(leader.pid)
     finally:
         processes.stop_group(leader.pid, leader, grace_s=1.0)
+
+
+def test_a_command_whose_owner_dies_before_it_starts_never_runs(marker: str, tmp_path: Path) -> None:
+    """mat killed between the fork and the child's request to die with it: the kernel will never send that
+    signal, so the child must see for itself that it was orphaned and end before running the command."""
+    forked = tmp_path / "forked"
+    owner_code = textwrap.dedent(
+        f"""
+        import os, subprocess, sys, time
+        from multiagenttrainer import processes
+        owner, hook = os.getpid(), processes.die_with_parent_hook()
+
+        def owner_killed_first():  # the window, held open: the owner dies before the hook runs
+            with open({str(forked)!r}, "w") as handle:
+                handle.write(str(os.getpid()))
+            deadline = time.monotonic() + 30
+            while os.getppid() == owner and time.monotonic() < deadline:
+                time.sleep(0.01)
+            hook()
+
+        command = [sys.executable, "-c", "import time; time.sleep(1000)", os.environ["MARKER"]]
+        subprocess.Popen(command, preexec_fn=owner_killed_first).wait()
+        """
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", owner_code], cwd=ROOT, env={**os.environ, "MARKER": marker}
+    )
+    wait_for(lambda: forked.exists() and forked.read_text() != "", 30, "the owner's fork")
+    child = int(forked.read_text())
+    owner.kill()
+    owner.wait()
+    wait_for(lambda: not processes.pid_alive(child), 35, "the orphaned child to end")
+    assert processes_with(marker) == []  # the command never ran

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
@@ -59,7 +58,7 @@ from typing import Any, NoReturn, TypeVar
 
 from multiagenttrainer.atomic import write_json_atomically
 from multiagenttrainer.errors import ServerError
-from multiagenttrainer.processes import pid_alive, start_in_session
+from multiagenttrainer.processes import die_with_parent_hook, pid_alive, start_in_session
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,7 +72,6 @@ MODE_VARIABLE = "MAT_PREFECT_SERVER"
 MODES = ("local", "ephemeral")
 START_TIMEOUT_S = 180.0  # a fresh database is migrated first: 15-30 s here, more under load
 PORT_ATTEMPTS = 5  # ports tried when another server takes the chosen one first
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -385,12 +383,6 @@ def start_local_server_on_first_use(announce: Callable[[str], None]) -> str:
     return info.api_url
 
 
-def die_with_parent() -> None:
-    """In a child before exec: the kernel sends SIGTERM when the process that started it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def start_ephemeral_server(env: MutableMapping[str, str]) -> str:
     """A server for this command only; it ends with the command, even when mat is killed."""
     with starting_lock():
@@ -403,7 +395,7 @@ def _start_ephemeral_on(port: int, env: MutableMapping[str, str]) -> str:
         process = subprocess.Popen(
             server_command(port), cwd=mat_home(), env=server_environment(port, env),
             stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
-            start_new_session=True, preexec_fn=die_with_parent,
+            start_new_session=True, preexec_fn=die_with_parent_hook(signal.SIGTERM),
         )  # fmt: skip
     atexit.register(_terminate_group_quietly, process.pid)
     info = ServerInfo(process.pid, port, api_url_for(port), ui_url_for(port), "", str(log_file()))

@@ -14,7 +14,6 @@ engine on a thread that lives as long as it (the main thread, as `mat serve` doe
 
 from __future__ import annotations
 
-import ctypes
 import shutil
 import signal
 import socket
@@ -31,6 +30,7 @@ import httpx
 import orjson
 
 from multiagenttrainer.errors import ServeError
+from multiagenttrainer.processes import die_with_parent_hook
 from multiagenttrainer.serve.engine import (
     ChatPrompt,
     Completion,
@@ -53,7 +53,6 @@ POLL_S = 0.5
 LOG_TAIL_LINES = 20
 LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
 BASE_NAME, ADAPTER_NAME = "base", "adapter"  # the child's model names, private to this engine
-PR_SET_PDEATHSIG = 1
 
 Launcher = Callable[[ModelSpec, int], list[str]]
 
@@ -100,18 +99,6 @@ def free_port() -> int:
 # --------------------------------------------------------------------------- the child process
 
 
-def die_with_parent_hook() -> Callable[[], None] | None:
-    """A pre-exec hook asking Linux for SIGTERM when the parent dies, so a killed mat leaves no vLLM."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only makes the call
-
-    def hook() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return hook
-
-
 def start_child(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     """Start the server in a session of its own, output to log_path."""
     with log_path.open("wb") as log:
@@ -121,7 +108,7 @@ def start_child(command: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent_hook(),
+            preexec_fn=die_with_parent_hook(signal.SIGTERM),
         )
 
 

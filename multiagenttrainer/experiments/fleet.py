@@ -360,20 +360,33 @@ Batches = Callable[[Fleet, Step], None]  # runs every active machine's batch: th
 
 
 def run_fleet_experiments(fleet: Fleet, step: Step, batches: Batches = run_in_threads) -> None:
-    """The baseline, then every machine's batch at once; FleetFailed when every machine was dropped early."""
+    """The baseline, then every machine's batch at once, in rounds until the run holds its total;
+    FleetFailed when every machine was dropped early, or a round recorded nothing.
+
+    A machine ends its batch when every experiment left is claimed, some by other machines; if one of
+    those fails, its experiment goes back to the pool after the others ended, so the next round runs it.
+    """
     run_baseline(fleet, step)
-    if fleet.state.baseline is not None:
+    recorded = -1
+    while fleet.state.baseline is not None and not fleet.stop.is_set():
+        with fleet.lock:  # batches run by other processes have written run.json meanwhile
+            done = len(fleet.state.experiments)
+        if done >= fleet.state.max_experiments or done == recorded or not fleet.active():
+            break
+        recorded = done
         batches(fleet, step)
-    with fleet.lock:  # batches run by other processes have written run.json meanwhile
+    with fleet.lock:
         done, state = len(fleet.state.experiments), fleet.state
         dropped = [
             f"{record.name} ({record.reason})" for record in state.machines if record.status == "dropped"
         ]
+        active = [record.name for record in state.machines if record.status == "active"]
     if fleet.stop.is_set() or done >= state.max_experiments:
         return
-    if not dropped:
+    if active or not dropped:
+        also = f" (dropped: {'; '.join(dropped)})" if dropped else ""
         raise FleetFailed(
-            f"the machines' batches ended with {done} of {state.max_experiments} experiments; "
+            f"the machines' batches ended with {done} of {state.max_experiments} experiments{also}; "
             f"continue with `mat train --resume {state.run_id}`"
         )
     raise FleetFailed(

@@ -16,6 +16,7 @@ import pytest
 
 from multiagenttrainer.agents.base import AgentOutcome, AgentRequest
 from multiagenttrainer.config import AutoresearchConfig, MachineConfig, TrainingConfig
+from multiagenttrainer.errors import MachineError
 from multiagenttrainer.experiments.fleet import Fleet, FleetFailed
 from multiagenttrainer.experiments.loop import record
 from multiagenttrainer.experiments.results import read_results
@@ -171,6 +172,46 @@ def test_a_failing_machine_is_dropped_and_the_others_finish(tmp_path: Path, tiny
     assert gone.name == "gone" and gone.status == "dropped" and gone.consecutive_failures == 2
     assert gone.reason and "127.0.0.1" in gone.reason
     assert "gone" in render_report_markdown(state) and "dropped" in render_report_markdown(state)
+
+
+class LostAfterTheOthersEnd(MachineAgent):
+    """On machine `far`: its first experiment after the baseline is held until the other machine has
+    recorded every other experiment and ended its batch, then the machine goes away (MachineError)."""
+
+    def __init__(self, run_dirs: Path, total: int) -> None:
+        super().__init__(late_find_after=0)
+        self.run_dirs, self.total = run_dirs, total
+
+    def others_ended(self) -> bool:
+        rows = [row for tsv in self.run_dirs.glob("*/results.tsv") for row in read_results(tsv)]
+        return len(rows) == self.total - 1 and not any(
+            thread.name == "mat-machine-here" for thread in threading.enumerate()
+        )
+
+    def propose(self, request: AgentRequest) -> AgentOutcome:
+        if request.workspace.name != "workspace-far":
+            return super().propose(request)
+        deadline = time.monotonic() + 120
+        while not self.others_ended() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise MachineError("lost the connection to far")
+
+
+def test_an_experiment_lost_with_its_machine_after_the_others_ended_is_run_by_them(
+    tmp_path: Path, tiny_corpus_dir: Path
+) -> None:
+    runner, workspace = fleet_runner(
+        tmp_path, tiny_corpus_dir, local_machines("far", "here"), max_experiments=4, max_machine_failures=1
+    )
+    runner.agent = LostAfterTheOthersEnd(tmp_path / "runs", total=4)
+    results = asyncio.run(runner.run_experiments(workspace))  # type: ignore[arg-type]
+    assert runner.run_dir is not None
+    state = load_run(runner.run_dir)
+    assert state.status == "completed" and state.done == 4 and state.current == []
+    assert sorted(r.experiment_id for r in results) == [0, 1, 2, 3]
+    assert [r.machine for r in state.experiments].count("here") == 3  # the lost one included
+    far = state.machines[0]
+    assert far.name == "far" and far.status == "dropped" and far.reason == "lost the connection to far"
 
 
 def test_every_machine_dropped_fails_the_run_with_the_reasons(tmp_path: Path, tiny_corpus_dir: Path) -> None:

@@ -9,7 +9,8 @@ With workers, the parent keeps two jobs queued per worker, places each result as
 earlier chunk has reported, and sends the placement back; the worker writes that chunk's records
 straight into the output files (positioned writes: no part files, no copies) between jobs.
 Workers are forked, so they start in milliseconds with everything already imported; they run
-only the corpus code.
+only the corpus code. Each dies with the thread that forked it (PR_SET_PDEATHSIG): a killed mat
+leaves none behind, although each worker holds the pipes of the workers forked before it.
 
 Workers are forked after every job is made, so a job travels as its index into that list.
 Messages:  parent -> worker: ("job", index) | ("place", (index, Placement)) | ("stop", None)
@@ -26,7 +27,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import suppress
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import ForkContext
@@ -43,6 +44,7 @@ from multiagenttrainer.corpus.chunks import (
     write_chunk,
 )
 from multiagenttrainer.errors import CorpusError, is_disk_full
+from multiagenttrainer.processes import die_with_parent_hook
 
 Placed = tuple[ChunkResult, Placement]
 Step = Placed | None  # None: every chunk is written
@@ -61,8 +63,17 @@ def run_in_process(jobs: Iterable[ChunkJob], assembly: Assembly) -> Generator[St
     yield None
 
 
-def worker_main(conn: Connection, jobs: Sequence[ChunkJob], txt_path: str, jsonl_path: str) -> None:
-    """A worker's loop: process jobs and report them; write each one when its placement arrives."""
+def worker_main(
+    conn: Connection,
+    jobs: Sequence[ChunkJob],
+    txt_path: str,
+    jsonl_path: str,
+    die_with_parent: Callable[[], None] | None = None,
+) -> None:
+    """A worker's loop: process jobs and report them; write each one when its placement arrives.
+    `die_with_parent` (processes.die_with_parent_hook) first: a killed mat leaves no worker behind."""
+    if die_with_parent is not None:
+        die_with_parent()
     txt_fd = os.open(txt_path, os.O_WRONLY)
     jsonl_fd = os.open(jsonl_path, os.O_WRONLY)
     unplaced: dict[int, ChunkOutput] = {}
@@ -104,7 +115,7 @@ class Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(
             target=worker_main,
-            args=(child, jobs, txt_path, jsonl_path),
+            args=(child, jobs, txt_path, jsonl_path, die_with_parent_hook()),
             name="mat-corpus-worker",
             daemon=True,
         )

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +20,11 @@ from multiagenttrainer.config import CorpusConfig
 from multiagenttrainer.corpus import accel, build_corpus
 from multiagenttrainer.corpus.assemble import Assembly, CorpusPaths, lock_directory
 from multiagenttrainer.errors import CorpusError, DiskFullError
+from multiagenttrainer.processes import pid_alive
 from multiagenttrainer.progress import NullProgress
 from tests.corpus.conftest import dir_snapshot, native_code, read_jsonl
 from tests.support.disks import mounted_tmpfs
+from tests.support.experiments import REPO_ROOT, wait_for
 
 Build = Callable[..., dict[str, Any]]
 MakeTree = Callable[..., Path]
@@ -356,3 +362,51 @@ def test_a_full_disk_is_one_error_naming_the_corpus_dir_and_the_old_corpus_stays
         assert f"no space left on the device of {out} " in message and "free at least" in message
         assert {name: (out / name).read_bytes() for name in before} == before
         assert not list(out.glob(".corpus-build-*"))  # the unfinished build and its blocks are gone
+
+
+BUILD_THEN_HANG = """
+import sys, time
+from pathlib import Path
+from multiagenttrainer.config import CorpusConfig
+from multiagenttrainer.corpus import build_corpus
+from multiagenttrainer.progress import NullProgress
+from tests.corpus.conftest import dir_snapshot
+
+class HangOnFirstChunk(NullProgress):  # the build stops between chunks, its workers waiting on it
+    def corpus_advanced(self, files, nbytes):
+        print("building", flush=True)
+        time.sleep(600)
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+build_corpus([dir_snapshot(root)], CorpusConfig(), out / "corpus.txt", HangOnFirstChunk(),
+             workers=2, chunk_bytes=4096)
+"""
+
+
+def test_killing_the_build_with_sigkill_leaves_no_worker_behind(make_tree: MakeTree, tmp_path: Path) -> None:
+    root = make_tree({f"d{i % 4}/f{i:03d}.py": f"v = {i}  # {'x' * 60}\n" * 40 for i in range(200)})
+    builder = subprocess.Popen(
+        [sys.executable, "-c", BUILD_THEN_HANG, str(root), str(tmp_path / "out")],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    workers: list[int] = []
+    try:
+        assert builder.stdout is not None and builder.stdout.readline().strip() == "building"
+        workers = children_of(builder.pid)
+        assert len(workers) == 2
+        builder.kill()
+        builder.wait()
+        wait_for(lambda: not any(pid_alive(pid) for pid in workers), 10, "the workers to die with the build")
+    finally:
+        for pid in [builder.pid, *workers]:  # nothing left behind, even when the test fails
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        builder.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]

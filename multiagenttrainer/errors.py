@@ -177,3 +177,6 @@ def disk_full_error(
         f"no space left on the device of {path} ({free}): free at least {needed / 1e6:.0f} MB there, "
         f"then {then}"
     )
+
+
+INTERRUPTED_MESSAGE = "interrupted; run the command again to go on (what was finished is kept)"  # Ctrl-C

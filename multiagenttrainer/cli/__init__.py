@@ -10,9 +10,12 @@ has pointed it at a running `mat server` (if any), so read-only commands stay fa
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from enum import StrEnum
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -465,24 +468,56 @@ def project_dir() -> Path:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Run the command line (the `mat` script's multiagenttrainer.console.main loads it first)."""
     from multiagenttrainer.cli.common import configure_console_logging, print_error
-    from multiagenttrainer.errors import disk_full_error, is_disk_full
+    from multiagenttrainer.errors import INTERRUPTED_MESSAGE, disk_full_error, is_disk_full
 
-    configure_console_logging()
+    pressed = watch_ctrl_c()
     try:
+        configure_console_logging()
         app()
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
-    except OSError as exc:
-        if not is_disk_full(exc):
+    except SystemExit as exc:
+        if exc.code == 130 and caused_by_interrupt(exc):  # typer ends a Ctrl-C with exit 130, silently
+            err.print(INTERRUPTED_MESSAGE)
+        raise
+    except BaseException as exc:
+        if pressed.is_set() or caused_by_interrupt(exc):  # a library may turn it into an error of its own
+            err.print(INTERRUPTED_MESSAGE)
+            sys.exit(130)
+        if not isinstance(exc, OSError) or not is_disk_full(exc):
             raise
         full = disk_full_error(exc, Path.cwd(), 0, "run the command again")
         print_error(full)  # outside the app, where typer's Exit would end in a traceback
         sys.exit(full.exit_code)
     finally:
         skip_collection_at_exit()
+
+
+def watch_ctrl_c() -> threading.Event:
+    """An event set when Ctrl-C (SIGINT) arrives; KeyboardInterrupt is raised as usual. Where SIGINT is
+    ignored (a background job) it stays ignored."""
+    pressed = threading.Event()
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+
+        def note_and_raise(signum: int, frame: FrameType | None) -> None:
+            pressed.set()
+            signal.default_int_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, note_and_raise)
+    return pressed
+
+
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether a Ctrl-C is behind `exc`: a KeyboardInterrupt in its chain of causes (a context that was
+    replaced on purpose, `raise ... from None`, does not count: that command has said so itself)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return False
 
 
 def skip_collection_at_exit() -> None:

@@ -30,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"training", "monitor", "render"},
     {"serve", "request"},
     {"cli"},
+    {"console"},
 ]
 LAYER_OF = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 ORCHESTRATION = {"prefect", "prefect_aws", "prefect_docker", "flows", "tasks", "blocks", "deployments"}

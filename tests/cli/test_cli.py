@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ from tests.support.disks import mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[2]
 MAT = [sys.executable, "-m", "multiagenttrainer.cli"]
+MAT_SCRIPT = str(Path(sys.executable).with_name("mat"))  # the console script pip installed
 PLANTED_KEY = "AKIA" + "QWERTYUIOPASDFGH"
 
 
@@ -229,3 +234,66 @@ def test_ingest_on_a_full_disk_says_so_in_one_line(prefect_api: str, tmp_path: P
         assert len(errors) == 1, result.stderr
         assert f"no space left on the device of {disk / 'corpus'} " in errors[0]
         assert not list((disk / "corpus").glob(".corpus-build-*"))
+
+
+def raised(action: Callable[[], None]) -> BaseException:
+    try:
+        action()
+    except BaseException as exc:
+        return exc
+    raise AssertionError("nothing was raised")
+
+
+def test_an_interrupt_is_found_behind_what_libraries_make_of_it() -> None:
+    from multiagenttrainer.cli import caused_by_interrupt
+
+    def typer_exit() -> None:  # typer: `except KeyboardInterrupt as e: raise Exit(130) from e`, then sys.exit
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as exc:
+                raise RuntimeError("Exit(130)") from exc
+        except RuntimeError:
+            sys.exit(130)
+
+    def wrapped() -> None:  # a library turning it into an error of its own, while handling it
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("Error calling function: KeyboardInterrupt")  # noqa: B904
+
+    def reported() -> None:  # a command that said so itself: `raise typer.Exit(130) from None`
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemExit(130) from None
+
+    assert caused_by_interrupt(raised(typer_exit))
+    assert caused_by_interrupt(raised(wrapped))
+    assert not caused_by_interrupt(raised(reported))
+    assert not caused_by_interrupt(raised(lambda: sys.exit(1)))
+
+
+@pytest.mark.integration
+def test_ctrl_c_anywhere_in_an_ingest_is_one_line_and_exit_130(
+    prefect_api: str, project: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C while the `mat` script loads, starts Prefect, runs the flow or builds: never a traceback."""
+    cfg = write_yaml(tmp_path / "c.yaml", {"sources": [{"type": "local_repo", "path": str(project)}]})
+    env = {**os.environ, "NO_COLOR": "1"}
+    for delay in (0.1, 0.3, 0.6, 0.9, 1.2, 1.5, 2.0):
+        process = subprocess.Popen(
+            [MAT_SCRIPT, "ingest", "--config", str(cfg), "--corpus-dir", str(tmp_path / f"corpus-{delay}")],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )  # fmt: skip
+        time.sleep(delay)
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        _, err = process.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        assert process.returncode in (0, 130), (delay, process.returncode, err)
+        if process.returncode == 130:
+            assert err.strip().splitlines() == [
+                "interrupted; run the command again to go on (what was finished is kept)"
+            ], (delay, err)
